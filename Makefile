@@ -1,0 +1,40 @@
+# enimasq: `make demo` runs the agent on the samples, `make test` runs the tests.
+
+GO        ?= go
+BIN       := bin
+GOFLAGS_T ?= -race -count=1
+SAMPLES   ?= $(abspath test/testdata/samples)
+
+.PHONY: all build test bench demo generate docs check-fmt vet clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+check-fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+# Privileged tests (TestPrivileged...) run when this runs as root.
+test: check-fmt vet build
+	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test $(GOFLAGS_T) -timeout 20m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
+
+demo: build
+	SAMPLES=$(SAMPLES) ./test/demo.sh
+
+# Regenerates the bpf2go output (needs clang, libbpf-dev).
+generate:
+	$(GO) generate ./bpf/...
+
+docs: build
+	$(BIN)/enimasq-agent flags-doc > Documentation/flags.md
+
+clean:
+	rm -rf $(BIN)

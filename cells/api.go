@@ -1,0 +1,158 @@
+package cells
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"expvar"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+// APIConfig is the agent API's socket.
+type APIConfig struct {
+	APISockPath string `mapstructure:"api-sock-path"`
+}
+
+func (def APIConfig) Flags(flags *pflag.FlagSet) {
+	flags.String("api-sock-path", def.APISockPath, "Agent API unix socket (default <state-dir>/enimasq.sock)")
+}
+
+// APIHandler is an endpoint a feature cell adds to the agent API.
+// Pattern is a net/http ServeMux pattern, e.g. "POST /v1/ipam".
+type APIHandler struct {
+	Pattern string
+	Handler http.Handler
+}
+
+// APIHandlerOut adds an APIHandler to the agent API.
+type APIHandlerOut struct {
+	cell.Out
+	Handler APIHandler `group:"api-handlers"`
+}
+
+type apiParams struct {
+	cell.In
+
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Registry  *HealthRegistry
+	Health    cell.Health
+	Metrics   *reconciler.ExpVarMetrics
+	Node      nodeconfig.Config
+	Config    APIConfig
+	Handlers  []APIHandler `group:"api-handlers"`
+}
+
+// SocketPath resolves a socket flag: empty means <state-dir>/<name>.
+func SocketPath(flag, stateDir, name string) string {
+	if flag != "" {
+		return flag
+	}
+	return filepath.Join(stateDir, name)
+}
+
+func newAPIMux(p apiParams) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/statedb/", http.StripPrefix("/statedb", p.DB.HTTPHandler()))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		rep := p.Registry.Report()
+		w.Header().Set("Content-Type", "application/json")
+		if !rep.OK {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	})
+	mux.HandleFunc("GET /debug/vars", func(w http.ResponseWriter, r *http.Request) {
+		// The process-wide expvars plus this hive's reconciler metrics, which
+		// are kept unpublished so that several hives can share a process.
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, "{\n%q: %s", "reconciler", p.Metrics.Map().String())
+		expvar.Do(func(kv expvar.KeyValue) {
+			fmt.Fprintf(w, ",\n%q: %s", kv.Key, kv.Value)
+		})
+		fmt.Fprintf(w, "\n}\n")
+	})
+	for _, h := range p.Handlers {
+		mux.Handle(h.Pattern, h.Handler)
+	}
+	return mux
+}
+
+// ListenUnix listens on a unix socket at path with mode 0600, replacing a
+// stale socket file. Callers hold the agent lock, so a socket file present
+// here belongs to a dead agent.
+func ListenUnix(path string) (net.Listener, error) {
+	if err := MkdirPrivate(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		os.Remove(path)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func registerAPIServer(p apiParams) {
+	path := SocketPath(p.Config.APISockPath, p.Node.StateDir, "enimasq.sock")
+	server := &http.Server{Handler: newAPIMux(p), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			l, err := ListenUnix(path)
+			if err != nil {
+				return fmt.Errorf("--api-sock-path %s: %w", path, err)
+			}
+			p.Log.Info("Serving agent API", "socket", path)
+			p.Health.OK("Serving on " + path)
+			go func() {
+				defer close(done)
+				if err := server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					p.Log.Error("Agent API stopped", "error", err)
+				}
+			}()
+			return nil
+		},
+		OnStop: func(ctx cell.HookContext) error {
+			err := server.Shutdown(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = server.Close()
+			}
+			<-done
+			return err
+		},
+	})
+}
+
+var apiCell = cell.Module(
+	"api",
+	"Agent API on a unix socket",
+
+	cell.Config(APIConfig{}),
+	cell.Invoke(registerAPIServer),
+)

@@ -1,0 +1,128 @@
+package cells
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/hive/cell"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+// NodeFlags are the node-wide flags; they become a nodeconfig.Config.
+type NodeFlags struct {
+	EnableIPv4 bool   `mapstructure:"enable-ipv4"`
+	EnableIPv6 bool   `mapstructure:"enable-ipv6"`
+	BPFRoot    string `mapstructure:"bpf-root"`
+	StateDir   string `mapstructure:"state-dir"`
+}
+
+var defaultNodeFlags = NodeFlags{
+	EnableIPv4: true,
+	EnableIPv6: false,
+	BPFRoot:    "/sys/fs/bpf",
+	StateDir:   "/var/run/enimasq",
+}
+
+func (def NodeFlags) Flags(flags *pflag.FlagSet) {
+	flags.Bool("enable-ipv4", def.EnableIPv4, "Program IPv4 state on this node")
+	flags.Bool("enable-ipv6", def.EnableIPv6, "Program IPv6 state on this node")
+	flags.String("bpf-root", def.BPFRoot, "bpffs mount point; a bpffs is mounted there if none is")
+	flags.String("state-dir", def.StateDir, "Directory for sockets, checkpoints and the agent lock (created 0700)")
+}
+
+func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
+	switch {
+	case !f.EnableIPv4 && !f.EnableIPv6:
+		return nodeconfig.Config{}, errors.New("--enable-ipv4 and --enable-ipv6 are both false: enable at least one family")
+	case f.BPFRoot == "" || !filepath.IsAbs(f.BPFRoot):
+		return nodeconfig.Config{}, fmt.Errorf("--bpf-root %q: must be an absolute path", f.BPFRoot)
+	case f.StateDir == "" || !filepath.IsAbs(f.StateDir):
+		return nodeconfig.Config{}, fmt.Errorf("--state-dir %q: must be an absolute path", f.StateDir)
+	}
+	return nodeconfig.Config{
+		EnableIPv4: f.EnableIPv4,
+		EnableIPv6: f.EnableIPv6,
+		BPFRoot:    filepath.Clean(f.BPFRoot),
+		StateDir:   filepath.Clean(f.StateDir),
+	}, nil
+}
+
+// ErrAlreadyRunning is returned when another agent holds the state dir.
+var ErrAlreadyRunning = errors.New("already running")
+
+// prepareNode creates the state dir, takes the agent lock in it (so a second
+// agent on the same state dir stops before touching the first one's sockets)
+// and makes sure a bpffs is mounted at the BPF root. It runs as an invoke,
+// before any start hook, so that nothing starts on a node it cannot own.
+func prepareNode(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg nodeconfig.Config) error {
+	if err := MkdirPrivate(cfg.StateDir); err != nil {
+		return fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
+	}
+	lockPath := filepath.Join(cfg.StateDir, "agent.lock")
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("agent lock %s: %w", lockPath, err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("another enimasq-agent is already running on --state-dir %s (lock %s held): %w",
+				cfg.StateDir, lockPath, ErrAlreadyRunning)
+		}
+		return fmt.Errorf("agent lock %s: %w", lockPath, err)
+	}
+	lc.Append(cell.Hook{OnStop: func(cell.HookContext) error { return lock.Close() }})
+
+	if err := EnsureBPFFS(log, cfg.BPFRoot); err != nil {
+		return err
+	}
+	health.OK(fmt.Sprintf("IPv4 %t, IPv6 %t, bpffs at %s, state in %s", cfg.EnableIPv4, cfg.EnableIPv6, cfg.BPFRoot, cfg.StateDir))
+	return nil
+}
+
+// MkdirPrivate creates dir (and parents) and makes dir itself 0700,
+// whatever the process umask.
+func MkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// EnsureBPFFS mounts a bpffs at root unless one is mounted there already.
+func EnsureBPFFS(log *slog.Logger, root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := MkdirPrivate(root); err != nil {
+		return fmt.Errorf("--bpf-root %s: no bpffs mounted and cannot create the mount point: %w", root, err)
+	}
+	if err := unix.Mount("bpffs", root, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("--bpf-root %s: no bpffs mounted and mounting one failed: %w", root, err)
+	}
+	log.Info("Mounted bpffs", "path", root)
+	return nil
+}
+
+// NodeConfigCell provides nodeconfig.Config from the node-wide flags.
+var NodeConfigCell = cell.Group(
+	cell.Config(defaultNodeFlags),
+	cell.Provide(newNodeConfig),
+)
+
+// nodeCell is NodeConfigCell plus the agent's claim on the node: the lock on
+// the state dir and the bpffs mount.
+var nodeCell = cell.Module(
+	"node",
+	"Node-wide configuration",
+
+	NodeConfigCell,
+	cell.Invoke(prepareNode),
+)

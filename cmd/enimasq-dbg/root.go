@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/shell"
+	"github.com/spf13/cobra"
+)
+
+const defaultStateDir = "/var/run/enimasq"
+
+type options struct {
+	stateDir  string
+	apiSocket string
+}
+
+func (o *options) socket() string {
+	if o.apiSocket != "" {
+		return o.apiSocket
+	}
+	return filepath.Join(o.stateDir, "enimasq.sock")
+}
+
+func newRootCommand() *cobra.Command {
+	o := &options{}
+	root := &cobra.Command{
+		Use:           "enimasq-dbg",
+		Short:         "Inspect a running enimasq-agent",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.PersistentFlags().StringVar(&o.stateDir, "state-dir", defaultStateDir, "The agent's state dir (socket paths default into it)")
+	root.PersistentFlags().StringVar(&o.apiSocket, "socket", "", "Agent API socket (default <state-dir>/enimasq.sock)")
+	root.AddCommand(
+		statedbCommand(o),
+		healthCommand(o),
+		shellCommand(o),
+	)
+	return root
+}
+
+// errNotRunning is what every command says when the agent cannot be reached.
+func errNotRunning(sock string, err error) error {
+	return fmt.Errorf("agent not running (cannot connect to %s: %v)", sock, unwrapOp(err))
+}
+
+func unwrapOp(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
+}
+
+// apiGet fetches path from the agent API. Status codes are returned, not
+// turned into errors: /healthz answers 503 with a body.
+func apiGet(o *options, path string) (int, []byte, error) {
+	sock := o.socket()
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", sock)
+			},
+		},
+	}
+	resp, err := client.Get("http://agent" + path)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return 0, nil, errNotRunning(sock, err)
+		}
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+func statedbCommand(o *options) *cobra.Command {
+	cmd := &cobra.Command{Use: "statedb", Short: "Inspect the agent's statedb"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "dump [TABLE...]",
+		Short: "Dump tables as JSON (all tables without arguments)",
+		RunE: func(cmd *cobra.Command, tables []string) error {
+			out, err := dumpTables(o, tables)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
+		},
+	})
+	return cmd
+}
+
+// dumpTables returns {"table": [objects...], ...} for the given tables.
+func dumpTables(o *options, tables []string) ([]byte, error) {
+	if len(tables) == 0 {
+		code, body, err := apiGet(o, "/statedb/dump")
+		if err != nil {
+			return nil, err
+		}
+		if code != http.StatusOK {
+			return nil, fmt.Errorf("agent answered %d: %s", code, strings.TrimSpace(string(body)))
+		}
+		return body, nil
+	}
+	merged := map[string]json.RawMessage{}
+	for _, t := range tables {
+		code, body, err := apiGet(o, "/statedb/dump/"+url.PathEscape(t))
+		if err != nil {
+			return nil, err
+		}
+		if code != http.StatusOK {
+			return nil, fmt.Errorf("dump %s: agent answered %d: %s", t, code, strings.TrimSpace(string(body)))
+		}
+		var one map[string]json.RawMessage
+		if err := json.Unmarshal(body, &one); err != nil {
+			return nil, fmt.Errorf("dump %s: %w", t, err)
+		}
+		rows, ok := one[t]
+		if !ok {
+			return nil, fmt.Errorf("no table %q (enimasq-dbg shell -- db lists them)", t)
+		}
+		merged[t] = rows
+	}
+	out, err := json.MarshalIndent(merged, "", "  ")
+	return append(out, '\n'), err
+}
+
+type healthReport struct {
+	OK      bool `json:"ok"`
+	Modules []struct {
+		Module   string `json:"module"`
+		Level    string `json:"level"`
+		Degraded []struct {
+			Scope   string `json:"scope"`
+			Message string `json:"message"`
+			Error   string `json:"error"`
+		} `json:"degraded"`
+	} `json:"modules"`
+}
+
+func healthCommand(o *options) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "health",
+		Short: "Show module health (exit 1 when a module is degraded)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			code, body, err := apiGet(o, "/healthz")
+			if err != nil {
+				return err
+			}
+			var rep healthReport
+			if err := json.Unmarshal(body, &rep); err != nil {
+				return fmt.Errorf("agent answered %d with a body that is not a health report: %w", code, err)
+			}
+			w := cmd.OutOrStdout()
+			if asJSON {
+				w.Write(body)
+			} else {
+				for _, m := range rep.Modules {
+					fmt.Fprintf(w, "%-12s %s\n", m.Module, m.Level)
+					for _, d := range m.Degraded {
+						fmt.Fprintf(w, "  %s: %s", d.Scope, d.Message)
+						if d.Error != "" {
+							fmt.Fprintf(w, ": %s", d.Error)
+						}
+						fmt.Fprintln(w)
+					}
+				}
+			}
+			if !rep.OK {
+				return errors.New("agent is degraded")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "Print the report as JSON")
+	return cmd
+}
+
+// shellCommand is hive's shell client, with its socket defaulting into the
+// state dir and a one-line answer when the agent is not running (hive's
+// client would retry for 15 s).
+func shellCommand(o *options) *cobra.Command {
+	cmd := shell.ShellCmd(filepath.Join(defaultStateDir, "shell.sock"), "enimasq> ", func(w io.Writer) {
+		fmt.Fprintln(w, "enimasq hive shell: 'help' lists commands, 'db' the tables, Ctrl-D quits.")
+	})
+	cmd.Use = "shell [-- COMMAND [ARGS...]]"
+	cmd.Short = "Run a hive shell command, or an interactive shell without one"
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		f := cmd.Flags().Lookup(shell.ShellSockPathName)
+		if !f.Changed {
+			f.Value.Set(filepath.Join(o.stateDir, "shell.sock"))
+		}
+		conn, err := net.DialTimeout("unix", f.Value.String(), 2*time.Second)
+		if err != nil {
+			return errNotRunning(f.Value.String(), err)
+		}
+		return conn.Close()
+	}
+	return cmd
+}

@@ -1,0 +1,199 @@
+package test
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPrivilegedAgentServesTablesHealthAndShell(t *testing.T) {
+	a := StartAgent(t)
+
+	var dump map[string][]json.RawMessage
+	out := a.MustDbg("statedb", "dump")
+	if err := json.Unmarshal([]byte(out), &dump); err != nil {
+		t.Fatalf("statedb dump is not JSON: %s\n%s", err, out)
+	}
+	for _, table := range agentTables {
+		if _, ok := dump[table]; !ok {
+			t.Errorf("statedb dump has no table %q: %s", table, out)
+		}
+	}
+
+	db := a.MustDbg("shell", "--", "db")
+	for _, table := range agentTables {
+		if !strings.Contains(db, table) {
+			t.Errorf("shell -- db does not list %q:\n%s", table, db)
+		}
+	}
+
+	health := a.MustDbg("health")
+	for _, module := range agentModules {
+		if !strings.Contains(health, module) {
+			t.Errorf("health does not show module %q:\n%s", module, health)
+		}
+	}
+
+	code, vars, err := a.Get("/debug/vars")
+	if err != nil || code != 200 || !json.Valid(vars) || !strings.Contains(string(vars), `"reconciler"`) {
+		t.Errorf("/debug/vars: %d %v %s", code, err, vars)
+	}
+
+	for _, sock := range []string{a.APISocket(), a.ShellSocket()} {
+		fi, err := os.Stat(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %s, want a socket with 0600", sock, fi.Mode())
+		}
+	}
+	if fi, err := os.Stat(a.StateDir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state dir: %v %v, want 0700", fi.Mode(), err)
+	}
+}
+
+func TestPrivilegedSigtermStopsAgentAndRemovesSockets(t *testing.T) {
+	a := StartAgent(t)
+	took, err := a.Stop()
+	if err != nil {
+		t.Fatalf("agent exit: %v\n%s", err, a.Log())
+	}
+	if took > 5*time.Second {
+		t.Errorf("agent took %s to stop, want < 5s", took)
+	}
+	for _, sock := range []string{a.APISocket(), a.ShellSocket()} {
+		if _, err := os.Stat(sock); !os.IsNotExist(err) {
+			t.Errorf("%s still exists after stop (%v)", sock, err)
+		}
+	}
+}
+
+func TestPrivilegedSecondAgentSaysAlreadyRunning(t *testing.T) {
+	a := StartAgent(t)
+	before, _ := os.Stat(a.APISocket())
+
+	second := a.Command()
+	out, err := second.CombinedOutput()
+	if err == nil {
+		t.Fatalf("second agent exited 0:\n%s", out)
+	}
+	if last := lastLine(out); !strings.Contains(last, "already running") {
+		t.Errorf("second agent's last line %q does not say already running", last)
+	}
+
+	after, err := os.Stat(a.APISocket())
+	if err != nil || !os.SameFile(before, after) {
+		t.Errorf("first agent's socket was replaced or removed: %v", err)
+	}
+	if _, _, err := a.Dbg("health"); err != nil {
+		t.Errorf("first agent no longer answers: %v", err)
+	}
+}
+
+func TestPrivilegedStaleSocketIsReplaced(t *testing.T) {
+	a := NewAgent(t)
+	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A socket file left by a killed agent: bound, then closed without unlink.
+	for _, path := range []string{a.APISocket(), a.ShellSocket()} {
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	a.Start()
+	a.WaitHealthy()
+	a.MustDbg("shell", "--", "db")
+}
+
+func TestPrivilegedUnmountableBPFRootExitsWithReason(t *testing.T) {
+	a := NewAgent(t)
+	file := filepath.Join(a.Dir, "not-a-dir")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := a.Command("--bpf-root", filepath.Join(file, "bpf")).CombinedOutput()
+	if err == nil {
+		t.Fatalf("agent exited 0 with an unmountable bpf root:\n%s", out)
+	}
+	if last := lastLine(out); !strings.Contains(last, "--bpf-root") || !strings.Contains(last, "not-a-dir") {
+		t.Errorf("last line %q does not name the bpf root", last)
+	}
+}
+
+func TestAgentRejectsBadFlagsInOneLine(t *testing.T) {
+	bin := Build(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--no-such-flag"}, "unknown flag: --no-such-flag"},
+		{[]string{"--enable-ipv4=maybe"}, "--enable-ipv4"},
+		{[]string{"--enable-ipv4=false", "--enable-ipv6=false"}, "enable at least one family"},
+		{[]string{"--state-dir", "relative/dir"}, "--state-dir"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"extra-arg"}, "unknown command"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := exec.Command(bin.Agent, append(tc.args, "--state-dir", t.TempDir())...).CombinedOutput()
+			if tc.args[0] == "--state-dir" {
+				out, err = exec.Command(bin.Agent, tc.args...).CombinedOutput()
+			}
+			if err == nil {
+				t.Fatalf("exit 0:\n%s", out)
+			}
+			last := lastLine(out)
+			if !strings.HasPrefix(last, "enimasq-agent: ") || !strings.Contains(last, tc.want) {
+				t.Errorf("last line %q, want enimasq-agent: ...%s...", last, tc.want)
+			}
+		})
+	}
+}
+
+func TestAgentHelpListsFlagsAndVersion(t *testing.T) {
+	bin := Build(t)
+	out, err := exec.Command(bin.Agent, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, flag := range []string{"--enable-ipv4", "--enable-ipv6", "--bpf-root", "--state-dir", "--api-sock-path", "--shell-sock-path"} {
+		if !strings.Contains(string(out), flag) {
+			t.Errorf("--help does not list %s", flag)
+		}
+	}
+	out, err = exec.Command(bin.Agent, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "version") {
+		t.Errorf("--version: %v %s", err, out)
+	}
+}
+
+func TestDbgSaysAgentNotRunning(t *testing.T) {
+	stateDir := t.TempDir()
+	for _, args := range [][]string{{"health"}, {"statedb", "dump"}, {"shell", "--", "db"}} {
+		start := time.Now()
+		out, errOut, err := RunDbg(t, stateDir, args...)
+		if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 1 {
+			t.Errorf("%v: exit %v, want 1", args, err)
+		}
+		if lines := strings.Split(strings.TrimSpace(out+errOut), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "agent not running") {
+			t.Errorf("%v: want one line saying agent not running, got %q", args, out+errOut)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("%v took %s", args, time.Since(start))
+		}
+	}
+}
+
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# make demo: the agent in its own network and mount namespace on the sample
+# inputs. Everything it makes (netns, bpffs mount, sockets, process, temp
+# files) goes away when the script ends, also on Ctrl-C.
+set -euo pipefail
+
+if [ "${ENIMASQ_DEMO_NS:-}" != 1 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "make demo needs root (network namespace, bpffs)" >&2
+		exit 1
+	fi
+	# A private network and mount namespace: the bpffs mount and the netns die
+	# with the last process in them.
+	exec unshare --net --mount --propagation private env ENIMASQ_DEMO_NS=1 "$0" "$@"
+fi
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin="$here/bin"
+samples="${SAMPLES:-$here/test/testdata/samples}"
+work=$(mktemp -d /tmp/enimasq-demo.XXXXXX)
+agent_pid=""
+
+cleanup() {
+	if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
+		kill -TERM "$agent_pid" 2>/dev/null || true
+		wait "$agent_pid" 2>/dev/null || true
+	fi
+	umount "$work/bpf" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'echo; echo "interrupted"; exit 130' INT TERM
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+dbg() { echo "\$ enimasq-dbg $*"; "$bin/enimasq-dbg" --state-dir "$work/state" "$@"; }
+
+ip link set lo up
+mkdir -p "$work/bpf" "$work/config"
+mount -t bpf bpffs "$work/bpf"
+
+step "Starting enimasq-agent in a fresh network namespace (log: $work/agent.log)"
+"$bin/enimasq-agent" --state-dir "$work/state" --bpf-root "$work/bpf" \
+	"$@" >"$work/agent.log" 2>&1 &
+agent_pid=$!
+
+for _ in $(seq 1 150); do
+	"$bin/enimasq-dbg" --state-dir "$work/state" health >/dev/null 2>&1 && break
+	kill -0 "$agent_pid" 2>/dev/null || { cat "$work/agent.log"; exit 1; }
+	sleep 0.1
+done
+
+step "Module health"
+dbg health
+
+step "Tables"
+dbg shell -- db
+
+step "statedb dump"
+dbg statedb dump
+
+step "Stopping the agent"
+kill -TERM "$agent_pid"
+wait "$agent_pid" || { echo "agent exited with $?"; tail -20 "$work/agent.log"; exit 1; }
+agent_pid=""
+echo "agent stopped; sockets left: $(ls "$work/state" | grep -c sock || true)"
