@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/ipmasq"
 )
 
 // Infrastructure is what every feature cell needs and what an embedding agent
@@ -52,7 +53,9 @@ var shellCell = cell.Decorate(
 
 // Features are enimasq's feature cells. Each depends only on statedb, jobs,
 // health and nodeconfig.Config, so an agent that has those links them as is.
-var Features = cell.Group()
+var Features = cell.Group(
+	ipmasq.Cell,
+)
 
 // Agent is the whole enimasq agent.
 var Agent = cell.Group(

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -171,7 +172,7 @@ func (r *HealthRegistry) WriteText(w io.Writer) {
 
 // healthCommand is the `health` shell and script command: without arguments
 // it prints every scope; with a pattern it waits until a scope line contains
-// it (script tests use it to wait for Degraded or OK).
+// it as a regular expression (script tests use it to wait for Degraded or OK).
 func healthCommand(r *HealthRegistry) hive.ScriptCmdOut {
 	return hive.NewScriptCmd("health", script.Command(
 		script.CmdUsage{Summary: "Show module health, or wait for a line containing a pattern", Args: "[pattern]"},
@@ -180,15 +181,19 @@ func healthCommand(r *HealthRegistry) hive.ScriptCmdOut {
 				r.WriteText(s.LogWriter())
 				return nil, nil
 			}
-			return nil, waitHealth(s, r, strings.Join(args, " "))
+			re, err := regexp.Compile(strings.Join(args, " "))
+			if err != nil {
+				return nil, err
+			}
+			return nil, waitHealth(s, r, re)
 		}))
 }
 
-func waitHealth(s *script.State, r *HealthRegistry, pattern string) error {
+func waitHealth(s *script.State, r *HealthRegistry, pattern *regexp.Regexp) error {
 	for {
 		changed := r.Changed()
 		for _, line := range r.lines() {
-			if strings.Contains(line, pattern) {
+			if pattern.MatchString(line) {
 				s.Logf("matched: %s\n", line)
 				return nil
 			}
@@ -196,7 +201,7 @@ func waitHealth(s *script.State, r *HealthRegistry, pattern string) error {
 		select {
 		case <-changed:
 		case <-s.Context().Done():
-			return fmt.Errorf("no health line contains %q", pattern)
+			return fmt.Errorf("no health line matches %q", pattern)
 		}
 	}
 }

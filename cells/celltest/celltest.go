@@ -11,7 +11,10 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"bytes"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,21 +23,46 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
+	"golang.org/x/tools/txtar"
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/cells"
 )
 
-// Run runs the scripts matching pattern (e.g. "testdata/*.txtar"), each with a
-// new hive of cells.Core, the node config and the given cells.
+// Run runs the scripts matching pattern (e.g. "testdata/*.txtar"), in
+// parallel, each with a new hive of cells.Core, the node config and the given
+// cells. In the #! line, $WORK is the script's work dir.
 func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	scripttest.Test(t, ctx,
-		func(t testing.TB, args []string) *script.Engine {
-			return NewEngine(t, args, newCells(t)...)
-		},
-		nil, pattern)
+	files, err := filepath.Glob(pattern)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts match %s", pattern)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			t.Cleanup(cancel)
+
+			archive, err := txtar.ParseFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			work := t.TempDir()
+			s, err := script.NewState(ctx, work, []string{"WORK=" + work, "TMPDIR=" + t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.ExtractFiles(archive); err != nil {
+				t.Fatal(err)
+			}
+			var args []string
+			if shebang, ok := strings.CutPrefix(string(archive.Comment), "#!"); ok {
+				shebang, _, _ = strings.Cut(shebang, "\n")
+				args = strings.Fields(strings.ReplaceAll(shebang, "$WORK", work))
+			}
+			scripttest.Run(t, NewEngine(t, args, newCells(t)...), s, file, bytes.NewReader(archive.Comment))
+		})
+	}
 }
 
 // NewEngine builds the script engine for one script.

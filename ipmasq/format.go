@@ -1,0 +1,227 @@
+package ipmasq
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// File is the ip-masq-agent config file, YAML or JSON:
+//
+//	nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]
+//	masqLinkLocal: false
+//	masqLinkLocalIPv6: false
+type File struct {
+	NonMasqueradeCIDRs []string `json:"nonMasqueradeCIDRs"`
+	MasqLinkLocal      bool     `json:"masqLinkLocal"`
+	MasqLinkLocalIPv6  bool     `json:"masqLinkLocalIPv6"`
+}
+
+// fileFields are the known fields, for the unknown-field error.
+var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6"}
+
+// Desired is the set of CIDRs a config file puts in effect.
+type Desired struct {
+	// CIDRs are sorted by prefix, one per prefix.
+	CIDRs []CIDR
+	// Warnings are accepted oddities (host bits, duplicates, an empty list).
+	Warnings []string
+	// Summary says where the set came from, for logs and health.
+	Summary string
+}
+
+// FromMissingFile is the set in effect when the file (or its directory) does
+// not exist: the reserved IPv4 ranges plus link-local.
+func FromMissingFile(path string) Desired {
+	d := fromFile(File{}, true)
+	d.Summary = fmt.Sprintf("%s does not exist: %d default CIDRs", path, len(d.CIDRs))
+	return d
+}
+
+// Parse decodes and validates a config file. A zero-length file is treated as
+// a missing one, as in Cilium. Errors name the file, the field and the value.
+func Parse(path string, data []byte) (Desired, error) {
+	if len(data) == 0 {
+		d := fromFile(File{}, true)
+		d.Summary = fmt.Sprintf("%s is empty: %d default CIDRs", path, len(d.CIDRs))
+		return d, nil
+	}
+	if len(data) > MaxFileSize {
+		return Desired{}, fmt.Errorf("%s: file is larger than %d bytes", path, MaxFileSize)
+	}
+	f, err := decode(data)
+	if err != nil {
+		return Desired{}, fmt.Errorf("%s: %w", path, err)
+	}
+	d, err := validate(f)
+	if err != nil {
+		return Desired{}, fmt.Errorf("%s: %w", path, err)
+	}
+	d.Summary = fmt.Sprintf("%s: %d CIDRs", path, len(d.CIDRs))
+	return d, nil
+}
+
+// decode reads YAML or JSON strictly: a duplicate key, an unknown field or a
+// value of the wrong type is an error naming the field and the value.
+func decode(data []byte) (File, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return File{}, fmt.Errorf("not valid YAML or JSON: %w", err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(js, &fields); err != nil {
+		return File{}, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), quoteValue(js))
+	}
+	var f File
+	for name, raw := range fields {
+		var dst any
+		switch name {
+		case "nonMasqueradeCIDRs":
+			dst = &f.NonMasqueradeCIDRs
+		case "masqLinkLocal":
+			dst = &f.MasqLinkLocal
+		case "masqLinkLocalIPv6":
+			dst = &f.MasqLinkLocalIPv6
+		default:
+			return File{}, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
+		}
+		if err := json.Unmarshal(raw, dst); err != nil {
+			want := "a boolean"
+			if name == "nonMasqueradeCIDRs" {
+				want = "a list of CIDR strings"
+			}
+			return File{}, fmt.Errorf("field %s: value %s is not %s", name, quoteValue(raw), want)
+		}
+	}
+	return f, nil
+}
+
+// quoteValue shows a JSON value in an error, shortened.
+func quoteValue(raw []byte) string {
+	s := string(bytes.TrimSpace(raw))
+	if len(s) > 64 {
+		s = s[:61] + "..."
+	}
+	return s
+}
+
+// validate checks every CIDR of a decoded file.
+func validate(f File) (Desired, error) {
+	var warnings []string
+	seen := map[netip.Prefix]int{}
+	cidrs := make([]netip.Prefix, 0, len(f.NonMasqueradeCIDRs))
+	for i, s := range f.NonMasqueradeCIDRs {
+		field := fmt.Sprintf("nonMasqueradeCIDRs[%d]", i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return Desired{}, fmt.Errorf("field %s: value %q is not a CIDR: %w", field, s, err)
+		}
+		if p.Addr().Is4In6() {
+			return Desired{}, fmt.Errorf("field %s: value %q is an IPv4-mapped IPv6 prefix: write it as IPv4", field, s)
+		}
+		if masked := p.Masked(); masked != p {
+			warnings = append(warnings, fmt.Sprintf("%s: %q has host bits set: using %s", field, s, masked))
+			p = masked
+		}
+		if j, dup := seen[p]; dup {
+			warnings = append(warnings, fmt.Sprintf("%s: %s is listed twice (also nonMasqueradeCIDRs[%d])", field, p, j))
+			continue
+		}
+		seen[p] = i
+		cidrs = append(cidrs, p)
+	}
+	d := fromCIDRs(cidrs, f)
+	if len(f.NonMasqueradeCIDRs) == 0 {
+		warnings = append(warnings, "nonMasqueradeCIDRs is empty: only link-local traffic is exempt from masquerading "+
+			"(Cilium behaves the same; delete the file to get the reserved-range defaults)")
+	}
+	d.Warnings = append(warnings, d.Warnings...)
+
+	var v4, v6 int
+	for _, c := range d.CIDRs {
+		if c.Prefix.Addr().Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	for _, fam := range []struct {
+		name string
+		n    int
+	}{{"IPv4", v4}, {"IPv6", v6}} {
+		if fam.n > MaxCIDRsPerFamily {
+			return Desired{}, fmt.Errorf("field nonMasqueradeCIDRs: %d %s CIDRs (link-local included) is more than the BPF map holds (%d)",
+				fam.n, fam.name, MaxCIDRsPerFamily)
+		}
+	}
+	return d, nil
+}
+
+// fromFile is the set for a file without CIDRs to validate: the defaults
+// when useDefaults (missing or empty file), plus link-local.
+func fromFile(f File, useDefaults bool) Desired {
+	d := fromCIDRs(nil, f)
+	if useDefaults {
+		for _, p := range DefaultNonMasqCIDRs {
+			d.CIDRs = append(d.CIDRs, CIDR{Prefix: p, Source: SourceDefault})
+		}
+		sortCIDRs(d.CIDRs)
+	}
+	return d
+}
+
+// fromCIDRs builds the rows: the configured CIDRs, then link-local unless the
+// file asks to masquerade it (a link-local CIDR also listed keeps "config").
+func fromCIDRs(cidrs []netip.Prefix, f File) Desired {
+	rows := make([]CIDR, 0, len(cidrs)+2)
+	listed := make(map[netip.Prefix]bool, len(cidrs))
+	for _, p := range cidrs {
+		rows = append(rows, CIDR{Prefix: p, Source: SourceConfig})
+		listed[p] = true
+	}
+	if !f.MasqLinkLocal && !listed[LinkLocalV4] {
+		rows = append(rows, CIDR{Prefix: LinkLocalV4, Source: SourceLinkLocal})
+	}
+	if !f.MasqLinkLocalIPv6 && !listed[LinkLocalV6] {
+		rows = append(rows, CIDR{Prefix: LinkLocalV6, Source: SourceLinkLocal})
+	}
+	sortCIDRs(rows)
+	return Desired{CIDRs: rows}
+}
+
+func sortCIDRs(rows []CIDR) {
+	slices.SortFunc(rows, func(a, b CIDR) int { return comparePrefix(a.Prefix, b.Prefix) })
+}
+
+// comparePrefix orders IPv4 before IPv6, then by address, then by length.
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// Encode writes the file that gives back the configured part of d: its
+// config rows, and the link-local switches. Used by tests (round trip) and
+// the demo.
+func Encode(d Desired) ([]byte, error) {
+	f := File{NonMasqueradeCIDRs: []string{}, MasqLinkLocal: true, MasqLinkLocalIPv6: true}
+	for _, c := range d.CIDRs {
+		switch c.Source {
+		case SourceConfig:
+			f.NonMasqueradeCIDRs = append(f.NonMasqueradeCIDRs, c.Prefix.String())
+		case SourceLinkLocal:
+			if c.Prefix == LinkLocalV4 {
+				f.MasqLinkLocal = false
+			} else {
+				f.MasqLinkLocalIPv6 = false
+			}
+		}
+	}
+	return yaml.Marshal(f)
+}

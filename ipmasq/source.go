@@ -1,0 +1,214 @@
+package ipmasq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/fsnotify/fsnotify"
+)
+
+// debounce groups the burst of events of one update (a ConfigMap's symlink
+// swap, an editor's write-and-rename) into one read.
+const debounce = 50 * time.Millisecond
+
+// ReadFile reads and parses the config file at path. A missing file (or a
+// dangling ConfigMap symlink, or a missing directory) gives the defaults.
+func ReadFile(path string) (Desired, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return FromMissingFile(path), nil
+	}
+	if err != nil {
+		return Desired{}, fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Desired{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Desired{}, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return Desired{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return Parse(path, data)
+}
+
+// source keeps the table in step with the config file.
+type source struct {
+	path     string
+	resync   time.Duration
+	log      *slog.Logger
+	db       *statedb.DB
+	table    statedb.RWTable[*CIDR]
+	initDone func(statedb.WriteTxn) // nil once the table is initialized
+
+	lastErr      string // logged once per distinct error
+	lastWarnings string // logged once per distinct set
+	lastSummary  string
+}
+
+// run watches the config directory (or, while it is missing, its nearest
+// existing ancestor) and re-reads the file on events and every resync.
+func (s *source) run(ctx context.Context, health cell.Health) error {
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("fsnotify: %w", err)
+	}
+	defer watcher.Close()
+
+	dir := filepath.Dir(s.path)
+	watched := ""
+	rewatch := func() {
+		target := nearestExistingDir(dir)
+		if target == watched {
+			return
+		}
+		if watched != "" {
+			watcher.Remove(watched) // fails when it was deleted: fine
+		}
+		watched = ""
+		if err := watcher.Add(target); err != nil {
+			s.log.Warn("Cannot watch config directory; relying on the periodic re-read", "path", target, "error", err)
+			return
+		}
+		watched = target
+		if target != dir {
+			s.log.Info("Config directory missing: watching for it to appear", "dir", dir, "watching", target)
+		}
+	}
+
+	// Watch first, then read: an update between the two is not lost.
+	rewatch()
+	s.reload(health)
+
+	resync := time.NewTicker(s.resync)
+	defer resync.Stop()
+	settle := time.NewTimer(debounce)
+	settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				watched = "" // the watch went with the directory
+			}
+			settle.Reset(debounce)
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			s.log.Warn("fsnotify error; re-reading the config", "error", err)
+			settle.Reset(debounce)
+		case <-settle.C:
+			rewatch()
+			s.reload(health)
+		case <-resync.C:
+			rewatch()
+			s.reload(health)
+		}
+	}
+}
+
+// nearestExistingDir is dir, or its closest ancestor that exists.
+func nearestExistingDir(dir string) string {
+	for {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
+
+// reload reads the file and applies it. A bad file leaves the table as it is
+// and marks the module degraded until a good file arrives.
+func (s *source) reload(health cell.Health) {
+	d, err := ReadFile(s.path)
+	if err != nil {
+		if msg := err.Error(); msg != s.lastErr {
+			s.lastErr = msg
+			s.log.Error("Invalid ip-masq-agent config: keeping the CIDRs in force", "error", err)
+		}
+		health.Degraded("invalid ip-masq-agent config, keeping the last good CIDRs", err)
+		return
+	}
+	if s.lastErr != "" {
+		s.log.Info("ip-masq-agent config is valid again", "path", s.path)
+		s.lastErr = ""
+	}
+	if w := strings.Join(d.Warnings, "\n"); w != s.lastWarnings {
+		s.lastWarnings = w
+		for _, warning := range d.Warnings {
+			s.log.Warn("ip-masq-agent config", "path", s.path, "warning", warning)
+		}
+	}
+	changed := s.apply(d)
+	if changed > 0 || d.Summary != s.lastSummary {
+		s.log.Info("Applied ip-masq-agent config", "summary", d.Summary, "rows-changed", changed)
+		s.lastSummary = d.Summary
+	}
+	health.OK(d.Summary)
+}
+
+// apply writes the difference between the table and d: unchanged rows are
+// not rewritten, so their revision stays and consumers do no work for them.
+// It returns the number of rows inserted, changed or deleted.
+func (s *source) apply(d Desired) int {
+	wtxn := s.db.WriteTxn(s.table)
+	changed := Diff(wtxn, s.table, d.CIDRs)
+	if s.initDone != nil {
+		s.initDone(wtxn)
+		s.initDone = nil
+	}
+	wtxn.Commit()
+	return changed
+}
+
+// Diff makes table hold exactly rows, touching only the rows that differ.
+func Diff(wtxn statedb.WriteTxn, table statedb.RWTable[*CIDR], rows []CIDR) int {
+	want := make(map[netip.Prefix]struct{}, len(rows))
+	for _, c := range rows {
+		want[c.Prefix] = struct{}{}
+	}
+	var stale []*CIDR
+	for old := range table.All(wtxn) {
+		if _, ok := want[old.Prefix]; !ok {
+			stale = append(stale, old)
+		}
+	}
+	changed := len(stale)
+	for _, old := range stale {
+		table.Delete(wtxn, old)
+	}
+	for i := range rows {
+		old, _, found := table.Get(wtxn, PrefixIndex.Query(rows[i].Prefix))
+		if found && *old == rows[i] {
+			continue
+		}
+		row := rows[i]
+		table.Insert(wtxn, &row)
+		changed++
+	}
+	return changed
+}
