@@ -8,10 +8,10 @@
 package celltest
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"maps"
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,8 +23,8 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
-	"golang.org/x/tools/txtar"
 	"golang.org/x/sys/unix"
+	"golang.org/x/tools/txtar"
 
 	"github.com/enimasq/enimasq/cells"
 )
