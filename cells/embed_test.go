@@ -3,6 +3,7 @@ package cells_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"testing"
 
 	"github.com/cilium/hive"
@@ -16,6 +17,10 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
+// featureTables are the tables the feature cells register; each feature
+// issue adds its own.
+var featureTables = []string{"ip-masq-agent-cidrs"}
+
 // TestFeaturesEmbedInAForeignHive builds the feature cells into a hive the way
 // a Cilium-based agent would: its own statedb, jobs and health, a job.Group
 // per module, and nodeconfig.Config from its own configuration. No enimasq
@@ -25,6 +30,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 	opts.ModulePrivateProviders = cell.ModulePrivateProviders{
 		func(reg job.Registry, h cell.Health) job.Group { return reg.NewGroup(h) },
 	}
+	var db *statedb.DB
 	h := hive.NewWithOptions(opts,
 		statedb.Cell,
 		job.Cell,
@@ -37,12 +43,26 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 			}
 		}),
 		cells.Features,
+		cell.Invoke(func(d *statedb.DB) { db = d }),
 	)
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatalf("start: %s", err)
 	}
-	if err := h.Stop(log, context.Background()); err != nil {
-		t.Fatalf("stop: %s", err)
+	t.Cleanup(func() {
+		if err := h.Stop(log, context.Background()); err != nil {
+			t.Errorf("stop: %s", err)
+		}
+	})
+
+	txn := db.ReadTxn()
+	var names []string
+	for _, tbl := range db.GetTables(txn) {
+		names = append(names, tbl.Name())
+	}
+	for _, want := range featureTables {
+		if !slices.Contains(names, want) {
+			t.Errorf("table %q not registered; have %v", want, names)
+		}
 	}
 }

@@ -58,32 +58,47 @@ var ErrAlreadyRunning = errors.New("already running")
 
 // prepareNode creates the state dir, takes the agent lock in it (so a second
 // agent on the same state dir stops before touching the first one's sockets)
-// and makes sure a bpffs is mounted at the BPF root. It runs as an invoke,
-// before any start hook, so that nothing starts on a node it cannot own.
-func prepareNode(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg nodeconfig.Config) error {
+// and makes sure a bpffs is mounted at the BPF root. It is the first start
+// hook: every invoke (flag validation included) has run, so a bad flag fails
+// before the node is touched, and nothing else starts on a node the agent
+// cannot own.
+func prepareNode(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg nodeconfig.Config) {
+	var lock *os.File
+	lc.Append(cell.Hook{
+		OnStart: func(cell.HookContext) (err error) {
+			lock, err = claimNode(log, cfg)
+			if err == nil {
+				health.OK(fmt.Sprintf("IPv4 %t, IPv6 %t, bpffs at %s, state in %s",
+					cfg.EnableIPv4, cfg.EnableIPv6, cfg.BPFRoot, cfg.StateDir))
+			}
+			return err
+		},
+		OnStop: func(cell.HookContext) error { return lock.Close() },
+	})
+}
+
+func claimNode(log *slog.Logger, cfg nodeconfig.Config) (*os.File, error) {
 	if err := MkdirPrivate(cfg.StateDir); err != nil {
-		return fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
+		return nil, fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
 	}
 	lockPath := filepath.Join(cfg.StateDir, "agent.lock")
 	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("agent lock %s: %w", lockPath, err)
+		return nil, fmt.Errorf("agent lock %s: %w", lockPath, err)
 	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("another enimasq-agent is already running on --state-dir %s (lock %s held): %w",
+			return nil, fmt.Errorf("another enimasq-agent is already running on --state-dir %s (lock %s held): %w",
 				cfg.StateDir, lockPath, ErrAlreadyRunning)
 		}
-		return fmt.Errorf("agent lock %s: %w", lockPath, err)
+		return nil, fmt.Errorf("agent lock %s: %w", lockPath, err)
 	}
-	lc.Append(cell.Hook{OnStop: func(cell.HookContext) error { return lock.Close() }})
-
 	if err := EnsureBPFFS(log, cfg.BPFRoot); err != nil {
-		return err
+		lock.Close()
+		return nil, err
 	}
-	health.OK(fmt.Sprintf("IPv4 %t, IPv6 %t, bpffs at %s, state in %s", cfg.EnableIPv4, cfg.EnableIPv6, cfg.BPFRoot, cfg.StateDir))
-	return nil
+	return lock, nil
 }
 
 // MkdirPrivate creates dir (and parents) and makes dir itself 0700,

@@ -20,10 +20,15 @@ type File struct {
 	NonMasqueradeCIDRs []string `json:"nonMasqueradeCIDRs"`
 	MasqLinkLocal      bool     `json:"masqLinkLocal"`
 	MasqLinkLocalIPv6  bool     `json:"masqLinkLocalIPv6"`
+
+	// ResyncInterval is kubernetes-sigs/ip-masq-agent's field; it is accepted
+	// so that a ConfigMap shared with that agent stays valid, and ignored
+	// (--ip-masq-agent-resync-interval sets the period here).
+	ResyncInterval string `json:"resyncInterval,omitempty"`
 }
 
 // fileFields are the known fields, for the unknown-field error.
-var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6"}
+var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6", "resyncInterval"}
 
 // Desired is the set of CIDRs a config file puts in effect.
 type Desired struct {
@@ -87,13 +92,18 @@ func decode(data []byte) (File, error) {
 			dst = &f.MasqLinkLocal
 		case "masqLinkLocalIPv6":
 			dst = &f.MasqLinkLocalIPv6
+		case "resyncInterval":
+			dst = &f.ResyncInterval
 		default:
 			return File{}, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
 		}
 		if err := json.Unmarshal(raw, dst); err != nil {
-			want := "a boolean"
-			if name == "nonMasqueradeCIDRs" {
-				want = "a list of CIDR strings"
+			want := map[string]string{
+				"nonMasqueradeCIDRs": "a list of CIDR strings",
+				"resyncInterval":     "a duration string",
+			}[name]
+			if want == "" {
+				want = "a boolean"
 			}
 			return File{}, fmt.Errorf("field %s: value %s is not %s", name, quoteValue(raw), want)
 		}
@@ -136,6 +146,9 @@ func validate(f File) (Desired, error) {
 		cidrs = append(cidrs, p)
 	}
 	d := fromCIDRs(cidrs, f)
+	if f.ResyncInterval != "" {
+		warnings = append(warnings, fmt.Sprintf("resyncInterval %q is ignored: --ip-masq-agent-resync-interval sets the re-read period", f.ResyncInterval))
+	}
 	if len(f.NonMasqueradeCIDRs) == 0 {
 		warnings = append(warnings, "nonMasqueradeCIDRs is empty: only link-local traffic is exempt from masquerading "+
 			"(Cilium behaves the same; delete the file to get the reserved-range defaults)")

@@ -142,6 +142,9 @@ func TestAgentRejectsBadFlagsInOneLine(t *testing.T) {
 		{[]string{"--state-dir", "relative/dir"}, "--state-dir"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"extra-arg"}, "unknown command"},
+		{[]string{"--enable-ip-masq-agent"}, "--enable-ip-masq-agent needs --enable-bpf-masquerade"},
+		{[]string{"--enable-ip-masq-agent", "--enable-bpf-masquerade", "--enable-ipv4-masquerade=false", "--enable-ipv6-masquerade=false"},
+			"needs --enable-ipv4-masquerade or --enable-ipv6-masquerade"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			out, err := exec.Command(bin.Agent, append(tc.args, "--state-dir", t.TempDir())...).CombinedOutput()

@@ -38,8 +38,13 @@ ip link set lo up
 mkdir -p "$work/bpf" "$work/config"
 mount -t bpf bpffs "$work/bpf"
 
+config="$work/config/ip-masq-agent"
+cp "$samples/ip-masq-agent.yaml" "$config"
+
 step "Starting enimasq-agent in a fresh network namespace (log: $work/agent.log)"
+echo "ip-masq-agent config: $samples/ip-masq-agent.yaml"
 "$bin/enimasq-agent" --state-dir "$work/state" --bpf-root "$work/bpf" \
+	--enable-ip-masq-agent --enable-bpf-masquerade --ip-masq-agent-config-path "$config" \
 	"$@" >"$work/agent.log" 2>&1 &
 agent_pid=$!
 
@@ -49,14 +54,43 @@ for _ in $(seq 1 150); do
 	sleep 0.1
 done
 
+# wait_for CMD...: retry a check for up to 10 s.
+wait_for() {
+	for _ in $(seq 1 100); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	echo "timed out waiting for: $*" >&2
+	return 1
+}
+has_cidr() { "$bin/enimasq-dbg" --state-dir "$work/state" statedb dump ip-masq-agent-cidrs | grep -q "\"$1\""; }
+
 step "Module health"
 dbg health
 
 step "Tables"
 dbg shell -- db
 
-step "statedb dump"
-dbg statedb dump
+step "Non-masquerade CIDRs from the sample config"
+wait_for has_cidr 10.0.0.0/8
+dbg shell -- db/show ip-masq-agent-cidrs
+
+step "Editing the config: a peered VPC (100.200.0.0/16) joins, 172.16.0.0/12 leaves"
+sed -e 's|^- 172.16.0.0/12$|- 100.200.0.0/16|' "$config" >"$config.tmp"
+mv "$config.tmp" "$config"
+cat "$config"
+wait_for has_cidr 100.200.0.0/16
+dbg shell -- db/show ip-masq-agent-cidrs
+
+step "An invalid edit: the rows stay, health says why"
+printf 'nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/33]\n' >"$config.tmp"
+mv "$config.tmp" "$config"
+wait_for sh -c "! '$bin/enimasq-dbg' --state-dir '$work/state' health"
+dbg health || true
+dbg shell -- db/show ip-masq-agent-cidrs
+
+step "statedb dump ip-masq-agent-cidrs"
+dbg statedb dump ip-masq-agent-cidrs
 
 step "Stopping the agent"
 kill -TERM "$agent_pid"

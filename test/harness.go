@@ -6,6 +6,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -258,4 +259,40 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Rows returns a table's rows as enimasq-dbg statedb dump prints them.
+func (a *Agent) Rows(table string) []map[string]any {
+	a.t.Helper()
+	var dump map[string][]map[string]any
+	out := a.MustDbg("statedb", "dump", table)
+	if err := json.Unmarshal([]byte(out), &dump); err != nil {
+		a.t.Fatalf("statedb dump %s: %s\n%s", table, err, out)
+	}
+	return dump[table]
+}
+
+// Column is one field of every row, in table order.
+func Column(rows []map[string]any, field string) []string {
+	out := make([]string, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, fmt.Sprint(r[field]))
+	}
+	return out
+}
+
+// WriteFileAtomic replaces path the way a careful writer does: a temporary
+// file renamed over it.
+func WriteFileAtomic(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -2,6 +2,6 @@ package test
 
 // The tables and health modules every agent has; feature issues add theirs.
 var (
-	agentTables  = []string{}
-	agentModules = []string{"node", "shell", "api"}
+	agentTables  = []string{"ip-masq-agent-cidrs"}
+	agentModules = []string{"node", "shell", "api", "ipmasq"}
 )

@@ -1,0 +1,162 @@
+package ipmasq
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
+	const path = "/etc/config/ip-masq-agent"
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"bad CIDR", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/33]", []string{path, "nonMasqueradeCIDRs[1]", `"10.0.0.0/33"`}},
+		{"not a CIDR", `{"nonMasqueradeCIDRs": ["banana"]}`, []string{path, "nonMasqueradeCIDRs[0]", `"banana"`}},
+		{"4in6", `nonMasqueradeCIDRs: ["::ffff:10.0.0.0/104"]`, []string{path, "nonMasqueradeCIDRs[0]", "IPv4-mapped"}},
+		{"bool type", "masqLinkLocal: 3", []string{path, "masqLinkLocal", "3", "not a boolean"}},
+		{"list type", "nonMasqueradeCIDRs: {a: b}", []string{path, "nonMasqueradeCIDRs", `{"a":"b"}`}},
+		{"list item type", "nonMasqueradeCIDRs: [[10.0.0.0/8]]", []string{path, "nonMasqueradeCIDRs", "not a list of CIDR strings"}},
+		{"unknown field", "nonMasqueradeCIDRS: []", []string{path, `unknown field "nonMasqueradeCIDRS"`}},
+		{"duplicate key", "masqLinkLocal: true\nmasqLinkLocal: false", []string{path, "not valid YAML", "masqLinkLocal"}},
+		{"bad YAML", "nonMasqueradeCIDRs: [", []string{path, "not valid YAML"}},
+		{"scalar", "42", []string{path, "want a mapping", "42"}},
+		{"too big", "#" + strings.Repeat("x", MaxFileSize), []string{path, "larger than 1048576 bytes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(path, []byte(tc.file))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseSemantics(t *testing.T) {
+	rows := func(d Desired) []string {
+		var out []string
+		for _, c := range d.CIDRs {
+			out = append(out, c.Prefix.String()+" "+string(c.Source))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+		warning    string
+	}{
+		{"zero bytes is missing", "", append(defaultRows(), "169.254.0.0/16 link-local", "fe80::/10 link-local"), ""},
+		{"empty list", "nonMasqueradeCIDRs: []", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "nonMasqueradeCIDRs is empty"},
+		{"null list", "nonMasqueradeCIDRs: null\nmasqLinkLocal: null", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "is empty"},
+		{"no link-local", "{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: true, masqLinkLocalIPv6: true}", []string{"10.0.0.0/8 config"}, ""},
+		{"host bits", "nonMasqueradeCIDRs: [10.1.2.3/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, `"10.1.2.3/8" has host bits set: using 10.0.0.0/8`},
+		{"duplicate", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, "listed twice"},
+		{"resyncInterval of kubernetes-sigs is ignored", "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 60s\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, "resyncInterval \"60s\" is ignored"},
+		{"listed link-local is config", "nonMasqueradeCIDRs: [fe80::/10]\nmasqLinkLocal: true", []string{"fe80::/10 config"}, ""},
+		{"sorted v4 then v6", "nonMasqueradeCIDRs: ['2001:db8::/32', 10.0.0.0/16, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true",
+			[]string{"10.0.0.0/8 config", "10.0.0.0/16 config", "2001:db8::/32 config"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := Parse("f", []byte(tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := rows(d)
+			want := slices.Clone(tc.want)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("rows\n got %v\nwant %v", got, want)
+			}
+			if tc.warning != "" && !slices.ContainsFunc(d.Warnings, func(w string) bool { return strings.Contains(w, tc.warning) }) {
+				t.Errorf("warnings %q lack %q", d.Warnings, tc.warning)
+			}
+			if tc.warning == "" && len(d.Warnings) > 0 {
+				t.Errorf("unexpected warnings %q", d.Warnings)
+			}
+		})
+	}
+}
+
+func defaultRows() []string {
+	var out []string
+	for _, p := range DefaultNonMasqCIDRs {
+		out = append(out, p.String()+" default")
+	}
+	return out
+}
+
+func TestParseLimitsCIDRsPerFamilyToTheMapSize(t *testing.T) {
+	file := func(n int, masqLinkLocal bool) []byte {
+		var b strings.Builder
+		fmt.Fprintf(&b, "masqLinkLocal: %t\nnonMasqueradeCIDRs:\n", masqLinkLocal)
+		for i := range n {
+			fmt.Fprintf(&b, "- %s/32\n", netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+		}
+		return []byte(b.String())
+	}
+	if _, err := Parse("f", file(MaxCIDRsPerFamily, true)); err != nil {
+		t.Errorf("16384 v4 CIDRs without link-local: %s", err)
+	}
+	_, err := Parse("f", file(MaxCIDRsPerFamily, false))
+	if err == nil || !strings.Contains(err.Error(), "16385 IPv4 CIDRs (link-local included)") {
+		t.Errorf("16384 v4 CIDRs plus link-local: %v", err)
+	}
+}
+
+func TestConfigValidateNamesTheMissingFlag(t *testing.T) {
+	c := DefaultConfig
+	c.EnableIPMasqAgent = true
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-bpf-masquerade") {
+		t.Errorf("without BPF masquerade: %v", err)
+	}
+	c.EnableBPFMasquerade = true
+	c.EnableIPv4Masquerade, c.EnableIPv6Masquerade = false, false
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-ipv4-masquerade or --enable-ipv6-masquerade") {
+		t.Errorf("without family masquerade: %v", err)
+	}
+	c.EnableIPv6Masquerade = true
+	if err := c.Validate(); err != nil {
+		t.Errorf("valid: %v", err)
+	}
+}
+
+// FuzzParse: no input panics, and an accepted file's rows, written back out
+// and parsed again, give the same rows.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{
+		"", "nonMasqueradeCIDRs: []", "nonMasqueradeCIDRs: [10.0.0.0/8, '2001:db8::1/32']\nmasqLinkLocal: true",
+		`{"nonMasqueradeCIDRs":["192.168.0.0/16"],"masqLinkLocalIPv6":true}`, "masqLinkLocal: [", "- a",
+		"nonMasqueradeCIDRs: [169.254.0.0/16, 10.1.2.3/8, 10.0.0.0/8]",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := Parse("fuzz", data)
+		if err != nil {
+			return
+		}
+		if len(data) == 0 {
+			return // defaults: not a round trip of configured rows
+		}
+		out, err := Encode(d)
+		if err != nil {
+			t.Fatalf("encode %v: %s", d.CIDRs, err)
+		}
+		again, err := Parse("fuzz", out)
+		if err != nil {
+			t.Fatalf("re-parse of %q: %s", out, err)
+		}
+		if !slices.Equal(d.CIDRs, again.CIDRs) {
+			t.Fatalf("round trip changed rows:\n%v\n%v", d.CIDRs, again.CIDRs)
+		}
+	})
+}
