@@ -11,6 +11,7 @@ require (
 	github.com/spf13/pflag v1.1.0
 	go.uber.org/dig v1.17.1
 	golang.org/x/sys v0.43.0
+	golang.org/x/time v0.15.0
 	golang.org/x/tools v0.40.1-0.20260108161641-ca281cf95054
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -37,7 +38,6 @@ require (
 	golang.org/x/exp v0.0.0-20240119083558-1b970713d09a // indirect
 	golang.org/x/term v0.16.0 // indirect
 	golang.org/x/text v0.14.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
 	gopkg.in/ini.v1 v1.67.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )

@@ -12,6 +12,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipmasq"
+	"github.com/enimasq/enimasq/policymap"
 )
 
 // Infrastructure is what every feature cell needs and what an embedding agent
@@ -55,6 +56,7 @@ var shellCell = cell.Decorate(
 // health and nodeconfig.Config, so an agent that has those links them as is.
 var Features = cell.Group(
 	ipmasq.Cell,
+	policymap.Cell,
 )
 
 // Agent is the whole enimasq agent.

@@ -31,7 +31,8 @@ import (
 
 // Run runs the scripts matching pattern (e.g. "testdata/*.txtar"), in
 // parallel, each with a new hive of cells.Core, the node config and the given
-// cells. In the #! line, $WORK is the script's work dir.
+// cells. In the #! line, $WORK is the script's work dir. $BPFROOT is the
+// script's private bpffs (the --bpf-root).
 func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
 	files, err := filepath.Glob(pattern)
 	if err != nil || len(files) == 0 {
@@ -48,17 +49,18 @@ func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) 
 				t.Fatal(err)
 			}
 			work := t.TempDir()
-			s, err := script.NewState(ctx, work, []string{"WORK=" + work, "TMPDIR=" + t.TempDir()})
+			bpfRoot := PrivateBPFFS(t)
+			s, err := script.NewState(ctx, work, []string{"WORK=" + work, "TMPDIR=" + t.TempDir(), "BPFROOT=" + bpfRoot})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := s.ExtractFiles(archive); err != nil {
 				t.Fatal(err)
 			}
-			var args []string
+			args := []string{"--bpf-root=" + bpfRoot}
 			if shebang, ok := strings.CutPrefix(string(archive.Comment), "#!"); ok {
 				shebang, _, _ = strings.Cut(shebang, "\n")
-				args = strings.Fields(strings.ReplaceAll(shebang, "$WORK", work))
+				args = append(args, strings.Fields(strings.ReplaceAll(shebang, "$WORK", work))...)
 			}
 			scripttest.Run(t, NewEngine(t, args, newCells(t)...), s, file, bytes.NewReader(archive.Comment))
 		})
@@ -111,4 +113,12 @@ func PrivateBPFFS(t testing.TB) string {
 		}
 	})
 	return dir
+}
+
+// RequireRoot skips a privileged test when not running as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("privileged test: needs root (bpffs, BPF maps, network namespaces)")
+	}
 }

@@ -1,0 +1,136 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Names and size of the masquerade-exemption maps, as Cilium pins them.
+const (
+	IPMasqV4MapName    = "cilium_ipmasq_v4"
+	IPMasqV6MapName    = "cilium_ipmasq_v6"
+	IPMasqMaxEntries   = 16384
+	ipMasqValueSize    = 1 // u8, always 1
+	ipMasqValuePresent = 1
+)
+
+// IPMasqValue is the value of every entry of the masquerade-exemption maps.
+func IPMasqValue() []byte { return []byte{ipMasqValuePresent} }
+
+// LPMSpec describes an LPM-trie map. LPM tries must not be preallocated, so
+// the spec always carries BPF_F_NO_PREALLOC.
+func LPMSpec(name string, keySize, valueSize, maxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       name,
+		Type:       ebpf.LPMTrie,
+		KeySize:    keySize,
+		ValueSize:  valueSize,
+		MaxEntries: maxEntries,
+		Flags:      unix.BPF_F_NO_PREALLOC,
+	}
+}
+
+// IPMasqV4Spec describes cilium_ipmasq_v4: IPv4 LPM keys, u8 values.
+func IPMasqV4Spec() *ebpf.MapSpec {
+	return LPMSpec(IPMasqV4MapName, KeySizeV4, ipMasqValueSize, IPMasqMaxEntries)
+}
+
+// IPMasqV6Spec describes cilium_ipmasq_v6: IPv6 LPM keys, u8 values.
+func IPMasqV6Spec() *ebpf.MapSpec {
+	return LPMSpec(IPMasqV6MapName, KeySizeV6, ipMasqValueSize, IPMasqMaxEntries)
+}
+
+// GlobalsDir is the directory where Cilium pins its global maps under the
+// bpffs root, e.g. /sys/fs/bpf/tc/globals.
+func GlobalsDir(bpfRoot string) string {
+	return filepath.Join(bpfRoot, "tc", "globals")
+}
+
+// OpenPinned returns the map of spec pinned at dir/spec.Name.
+//
+// The directory is created (0700) if missing. A pinned map whose type, key
+// size, value size, max entries and flags match spec is reused with its
+// contents. A pinned map that does not match is replaced by a new empty map,
+// with a warning naming both; the reconciler refills it. When nothing is
+// pinned, a new map is created and pinned. Anything else at the path (not a
+// map, unreadable) is an error and is left alone.
+func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, error) {
+	if spec.Name == "" {
+		return nil, errors.New("open pinned map: spec has no name")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", spec.Name, err)
+	}
+	path := filepath.Join(dir, spec.Name)
+
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		old = nil
+	case err != nil:
+		return nil, fmt.Errorf("load pinned map %s: %w", path, err)
+	default:
+		err := spec.Compatible(old)
+		if err == nil {
+			return old, nil
+		}
+		if !errors.Is(err, ebpf.ErrMapIncompatible) {
+			old.Close()
+			return nil, fmt.Errorf("check pinned map %s: %w", path, err)
+		}
+		log.Warn("Replacing incompatible pinned BPF map; its entries are dropped and reconciled again",
+			"path", path,
+			"pinned", describeMap(old),
+			"wanted", describeSpec(spec),
+			"reason", err)
+	}
+
+	m, err := newUnpinnedMap(spec)
+	if err != nil {
+		if old != nil {
+			old.Close()
+		}
+		return nil, err
+	}
+	// The new map exists before the old pin goes away, so a failure to create
+	// it never leaves the path empty.
+	if old != nil {
+		err := old.Unpin()
+		old.Close()
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("unpin incompatible map %s: %w", path, err)
+		}
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("pin map %s: %w", path, err)
+	}
+	return m, nil
+}
+
+func newUnpinnedMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	spec = spec.Copy()
+	spec.Pinning = ebpf.PinNone
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create map %s: %w", spec.Name, err)
+	}
+	return m, nil
+}
+
+func describeSpec(s *ebpf.MapSpec) string {
+	return fmt.Sprintf("%s key=%d value=%d max=%d flags=%#x",
+		s.Type, s.KeySize, s.ValueSize, s.MaxEntries, s.Flags)
+}
+
+func describeMap(m *ebpf.Map) string {
+	return fmt.Sprintf("%s key=%d value=%d max=%d flags=%#x",
+		m.Type(), m.KeySize(), m.ValueSize(), m.MaxEntries(), m.Flags())
+}

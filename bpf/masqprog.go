@@ -1,0 +1,71 @@
+package bpf
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Masquerade decisions returned by the masq_decision program (c/masq.c).
+const (
+	MasqNoSNAT = 0 // the destination is a non-masquerade CIDR
+	MasqSNAT   = 1 // masquerade
+	MasqPass   = 2 // not IPv4/IPv6, or truncated
+)
+
+// MasqDecision is the masquerade decision program bound to a pair of ipmasq
+// maps. Run it with BPF_PROG_TEST_RUN on an Ethernet frame.
+type MasqDecision struct {
+	prog  *ebpf.Program
+	owned []*ebpf.Map // placeholder maps made for a disabled family
+}
+
+// LoadMasqDecision loads the program using v4 and v6 as its maps. A nil map
+// (a family disabled on the node) is replaced by an empty one, so lookups of
+// that family always say SNAT.
+func LoadMasqDecision(v4, v6 *ebpf.Map) (*MasqDecision, error) {
+	spec, err := loadMasq()
+	if err != nil {
+		return nil, fmt.Errorf("load masq_decision spec: %w", err)
+	}
+	d := &MasqDecision{}
+	replacements := map[string]*ebpf.Map{}
+	for name, m := range map[string]*ebpf.Map{"cilium_ipmasq_v4": v4, "cilium_ipmasq_v6": v6} {
+		if m == nil {
+			var err error
+			if m, err = ebpf.NewMap(spec.Maps[name]); err != nil {
+				d.Close()
+				return nil, fmt.Errorf("placeholder map %s: %w", name, err)
+			}
+			d.owned = append(d.owned, m)
+		}
+		replacements[name] = m
+	}
+	var objs masqObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("load masq_decision: %w", err)
+	}
+	d.prog = objs.MasqDecision
+	return d, nil
+}
+
+// Decide runs the program on an Ethernet frame and returns its decision.
+func (d *MasqDecision) Decide(frame []byte) (uint32, error) {
+	ret, err := d.prog.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		return 0, fmt.Errorf("run masq_decision: %w", err)
+	}
+	return ret, nil
+}
+
+// Close releases the program and any placeholder maps.
+func (d *MasqDecision) Close() error {
+	if d.prog != nil {
+		d.prog.Close()
+	}
+	for _, m := range d.owned {
+		m.Close()
+	}
+	return nil
+}

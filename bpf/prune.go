@@ -1,0 +1,136 @@
+package bpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+)
+
+// listChunk is how many keys one BPF_MAP_LOOKUP_BATCH call returns at most.
+const listChunk = 4096
+
+// Prune deletes from every map the ops know the keys that no desired object
+// holds (objects with an empty or unknown map name hold none).
+//
+// Each map is listed completely before anything is deleted from it: deleting
+// while walking an LPM trie skips keys. Keys are compared with the data bits
+// past their prefix length cleared, as the kernel matches them. A key that
+// cannot be deleted does not stop the deletion of the others; all failures
+// come back joined. Prune only deletes: a present key with a stale value is
+// fixed by Update when the object is refreshed.
+func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[E, statedb.Revision]) error {
+	open := o.snapshot()
+	if len(open) == 0 {
+		return nil
+	}
+	desired := make(map[string]map[string]struct{}, len(open))
+	for name := range open {
+		desired[name] = map[string]struct{}{}
+	}
+	var scratch []byte
+	for obj := range objects {
+		set, ok := desired[obj.MapName()]
+		if !ok {
+			continue
+		}
+		scratch = append(scratch[:0], obj.MapKey()...)
+		canonicalizeLPMKey(scratch)
+		set[string(scratch)] = struct{}{}
+	}
+
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(open)) {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("prune %s: %w", name, err))
+			break
+		}
+		if err := pruneMap(ctx, name, open[name], desired[name]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct{}) error {
+	keys, err := listKeys(m)
+	if err != nil {
+		return fmt.Errorf("prune %s: %w", name, err)
+	}
+	// Move the undesired keys to the front of the buffer, in listing order.
+	stale := 0
+	for j := range keys.len() {
+		key := keys.at(j)
+		canonicalizeLPMKey(key)
+		if _, ok := desired[string(key)]; ok {
+			continue
+		}
+		keys.set(stale, key)
+		stale++
+	}
+	keys = keys.head(stale)
+
+	var errs []error
+	deleteKeys(ctx, m, keys, func(j int, err error) {
+		errs = append(errs, opError("prune", name, keys.at(j), err))
+	})
+	return errors.Join(errs...)
+}
+
+// listKeys returns every key of an LPM map. It uses batch lookups where the
+// kernel has them and walks the keys one by one otherwise. It fails rather
+// than return more keys than the map can hold (a map changing under the walk
+// can make the kernel restart it).
+func listKeys(m Map) (batchBuf, error) {
+	keySize, valueSize := int(m.KeySize()), int(m.ValueSize())
+	limit := int(m.MaxEntries())
+	chunk := max(1, min(limit, listChunk))
+	keys := newBatchBuf(keySize, chunk)
+	values := newBatchBuf(valueSize, chunk)
+
+	var all []byte
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys.slice.Interface(), values.slice.Interface(), nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return walkKeys(m, limit)
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return batchBuf{}, fmt.Errorf("list keys: %w", err)
+		}
+		all = append(all, keys.raw[:n*keySize]...)
+		if len(all) > limit*keySize {
+			return batchBuf{}, fmt.Errorf("list keys: more than the %d entries the map holds", limit)
+		}
+		if err != nil { // ErrKeyNotExist: the walk is complete.
+			return batchBufOf(keySize, all), nil
+		}
+	}
+}
+
+// walkKeys lists the keys with BPF_MAP_GET_NEXT_KEY, one syscall per key.
+func walkKeys(m Map, limit int) (batchBuf, error) {
+	keySize := int(m.KeySize())
+	var all []byte
+	next := make([]byte, keySize)
+	var prev any // nil: start from the first key
+	for {
+		err := m.NextKey(prev, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return batchBufOf(keySize, all), nil
+		}
+		if err != nil {
+			return batchBuf{}, fmt.Errorf("list keys: %w", err)
+		}
+		all = append(all, next...)
+		if len(all) > limit*keySize {
+			return batchBuf{}, fmt.Errorf("list keys: more than the %d entries the map holds", limit)
+		}
+		prev = all[len(all)-keySize:]
+	}
+}

@@ -1,0 +1,14 @@
+// Package policymap keeps BPF LPM maps equal to statedb tables, one map entry
+// per statedb object, through statedb's reconciler and the generic LPM
+// operations of package bpf.
+//
+// It exists because the AWS network policy agent refreshed a pod's map in one
+// bulk operation that stopped at the first key the kernel refused (a v6 except
+// encoded as a v4 key), so neither the remaining updates nor the deletion of
+// stale keys ever ran again. Here every entry has its own status and retry,
+// keys are built only from prefixes of the map's family, and entries of a
+// family the node does not run are skipped and shown as such, never encoded.
+//
+// The first maps are Cilium's masquerade exemption maps, cilium_ipmasq_v4 and
+// cilium_ipmasq_v6, derived from the ip-masq-agent-cidrs table.
+package policymap
