@@ -1,7 +1,9 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 )
@@ -68,4 +70,34 @@ func (d *MasqDecision) Close() error {
 		m.Close()
 	}
 	return nil
+}
+
+// DecideAddr runs the program on a minimal frame to dst (IPv4 or IPv6).
+func (d *MasqDecision) DecideAddr(dst netip.Addr) (uint32, error) {
+	return d.Decide(frameTo(dst))
+}
+
+// frameTo builds an Ethernet frame with an IPv4 or IPv6 header to dst, the
+// source in the documentation ranges. BPF_PROG_TEST_RUN needs no payload.
+func frameTo(dst netip.Addr) []byte {
+	eth := make([]byte, 14)
+	if dst.Is4() {
+		binary.BigEndian.PutUint16(eth[12:], 0x0800)
+		ip := make([]byte, 20)
+		ip[0] = 0x45                           // version 4, IHL 5
+		binary.BigEndian.PutUint16(ip[2:], 20) // total length
+		ip[8], ip[9] = 64, 17                  // TTL, UDP
+		copy(ip[12:16], []byte{192, 0, 2, 1})  // source
+		copy(ip[16:20], dst.AsSlice())
+		return append(eth, ip...)
+	}
+	binary.BigEndian.PutUint16(eth[12:], 0x86dd)
+	ip := make([]byte, 40)
+	ip[0] = 0x60 // version 6
+	ip[6], ip[7] = 17, 64
+	src := netip.MustParseAddr("2001:db8::1").As16()
+	copy(ip[8:24], src[:])
+	dst16 := dst.As16()
+	copy(ip[24:40], dst16[:])
+	return append(eth, ip...)
 }

@@ -93,6 +93,38 @@ func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
 					}
 				}
 			}),
+		"policymap/masq-decide": script.Command(
+			script.CmdUsage{
+				Summary: "Run the masquerade decision program on the ipmasq maps for destination addresses",
+				Args:    "address...",
+				Detail: []string{
+					"Prints one line per address: SNAT (masqueraded) or NO_SNAT (a",
+					"non-masquerade CIDR), as Cilium's datapath decides with these maps.",
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) == 0 {
+					return nil, script.ErrUsage
+				}
+				prog, err := bpf.LoadMasqDecision(masq.maps[bpf.IPMasqV4MapName], masq.maps[bpf.IPMasqV6MapName])
+				if err != nil {
+					return nil, err
+				}
+				defer prog.Close()
+				var out strings.Builder
+				for _, a := range args {
+					addr, err := netip.ParseAddr(a)
+					if err != nil {
+						return nil, err
+					}
+					verdict, err := prog.DecideAddr(addr)
+					if err != nil {
+						return nil, err
+					}
+					fmt.Fprintf(&out, "%s %s\n", addr, map[uint32]string{bpf.MasqNoSNAT: "NO_SNAT", bpf.MasqSNAT: "SNAT"}[verdict])
+				}
+				return func(*script.State) (string, string, error) { return out.String(), "", nil }, nil
+			}),
 		"policymap/fault-probability": script.Command(
 			script.CmdUsage{Summary: "Make this fraction of ipmasq map operations fail", Args: "probability"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -71,9 +71,23 @@ dbg health
 step "Tables"
 dbg shell -- db
 
+probe="10.1.2.3 172.20.0.1 100.200.0.1 8.8.8.8 169.254.169.254"
+maps() {
+	dbg shell -- db/show masq-map-entries
+	dbg bpf --bpf-root "$work/bpf" ipmasq list
+	echo "masquerade decision of the datapath program on these maps:"
+	dbg bpf --bpf-root "$work/bpf" ipmasq decide $probe
+}
+in_map() { "$bin/enimasq-dbg" bpf --bpf-root "$work/bpf" ipmasq list | grep -q " $1\$"; }
+not_in_map() { ! in_map "$1"; }
+
 step "Non-masquerade CIDRs from the sample config"
 wait_for has_cidr 10.0.0.0/8
 dbg shell -- db/show ip-masq-agent-cidrs
+
+step "The ipmasq BPF maps (IPv4-only node: fe80::/10 is skipped, no v6 map)"
+wait_for in_map 10.0.0.0/8
+maps
 
 step "Editing the config: a peered VPC (100.200.0.0/16) joins, 172.16.0.0/12 leaves"
 sed -e 's|^- 172.16.0.0/12$|- 100.200.0.0/16|' "$config" >"$config.tmp"
@@ -81,6 +95,9 @@ mv "$config.tmp" "$config"
 cat "$config"
 wait_for has_cidr 100.200.0.0/16
 dbg shell -- db/show ip-masq-agent-cidrs
+wait_for in_map 100.200.0.0/16
+wait_for not_in_map 172.16.0.0/12
+maps
 
 step "An invalid edit: the rows stay, health says why"
 printf 'nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/33]\n' >"$config.tmp"
@@ -88,6 +105,7 @@ mv "$config.tmp" "$config"
 wait_for sh -c "! '$bin/enimasq-dbg' --state-dir '$work/state' health"
 dbg health || true
 dbg shell -- db/show ip-masq-agent-cidrs
+dbg bpf --bpf-root "$work/bpf" ipmasq list
 
 step "statedb dump ip-masq-agent-cidrs"
 dbg statedb dump ip-masq-agent-cidrs

@@ -1,12 +1,18 @@
 package test
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap"
 )
 
 // ipMasqAgent starts an agent reading the ip-masq-agent file at the returned
@@ -67,4 +73,112 @@ func TestPrivilegedIPMasqAgentFollowsTheFileAndKeepsRowsOnBadInput(t *testing.T)
 	WriteFileAtomic(t, path, "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true\n")
 	a.waitPrefixes("10.0.0.0/8")
 	a.WaitHealthy()
+}
+
+// pinnedPrefixes reads a pinned ipmasq map the way another program on the
+// node would: opening the pin anew each time, so a replaced map is noticed.
+func pinnedPrefixes(bpfRoot, name string, fam bpf.Family) ([]string, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(bpfRoot), name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	prefixes, err := policymap.ListPrefixes(m, fam)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		out[i] = p.String()
+	}
+	return out, nil
+}
+
+func TestPrivilegedIPMasqMapsAndDbgList(t *testing.T) {
+	a, _ := ipMasqAgent(t, "nonMasqueradeCIDRs: [10.0.0.0/8, '2001:db8::/32']\n")
+	a.WaitFor("cilium_ipmasq_v4 programmed", func() bool {
+		got, err := pinnedPrefixes(a.BPFRoot, bpf.IPMasqV4MapName, bpf.IPv4)
+		return err == nil && slices.Equal(got, []string{"10.0.0.0/8", "169.254.0.0/16"})
+	})
+	out := a.MustDbg("bpf", "--bpf-root", a.BPFRoot, "ipmasq", "list")
+	for _, want := range []string{"cilium_ipmasq_v4   10.0.0.0/8", "cilium_ipmasq_v4   169.254.0.0/16"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bpf ipmasq list lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "2001:db8") || strings.Contains(out, "fe80") {
+		t.Errorf("an IPv6 prefix is listed on an IPv4-only node:\n%s", out)
+	}
+	out = a.MustDbg("bpf", "--bpf-root", a.BPFRoot, "ipmasq", "decide", "10.9.9.9", "8.8.8.8")
+	if out != "10.9.9.9 NO_SNAT\n8.8.8.8 SNAT\n" {
+		t.Errorf("bpf ipmasq decide:\n%s", out)
+	}
+	masq := a.MustDbg("shell", "--", "db/show", "masq-map-entries")
+	if !strings.Contains(masq, "2001:db8::/32") || !strings.Contains(masq, "Skipped") {
+		t.Errorf("masq-map-entries does not show the v6 CIDR as skipped:\n%s", masq)
+	}
+}
+
+// A restart with pinned maps never removes an entry that is still desired,
+// not even for a moment, and prunes the stale ones after start.
+func TestPrivilegedRestartKeepsDesiredEntriesAndPrunesStale(t *testing.T) {
+	a, path := ipMasqAgent(t, "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]\n")
+	desired := []string{"10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16"}
+	a.WaitFor("maps programmed", func() bool {
+		got, err := pinnedPrefixes(a.BPFRoot, bpf.IPMasqV4MapName, bpf.IPv4)
+		return err == nil && len(got) == 4
+	})
+	if _, err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	WriteFileAtomic(t, path, "nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")
+
+	// Watch the pinned map through the restart.
+	stop := make(chan struct{})
+	type result struct {
+		reads     int
+		violation string
+		pruned    bool
+	}
+	done := make(chan result)
+	go func() {
+		var r result
+		for {
+			select {
+			case <-stop:
+				done <- r
+				return
+			default:
+			}
+			got, err := pinnedPrefixes(a.BPFRoot, bpf.IPMasqV4MapName, bpf.IPv4)
+			r.reads++
+			if err != nil {
+				r.violation = fmt.Sprintf("read %d: %v", r.reads, err)
+				continue
+			}
+			for _, d := range desired {
+				if !slices.Contains(got, d) && r.violation == "" {
+					r.violation = fmt.Sprintf("read %d: desired %s missing: %v", r.reads, d, got)
+				}
+			}
+			if !slices.Contains(got, "172.16.0.0/12") {
+				r.pruned = true
+			}
+		}
+	}()
+
+	a.Start()
+	a.WaitHealthy()
+	a.WaitFor("stale 172.16.0.0/12 pruned", func() bool {
+		got, err := pinnedPrefixes(a.BPFRoot, bpf.IPMasqV4MapName, bpf.IPv4)
+		return err == nil && slices.Equal(got, desired)
+	})
+	close(stop)
+	r := <-done
+	if r.violation != "" {
+		t.Errorf("during the restart: %s", r.violation)
+	}
+	if !r.pruned || r.reads < 10 {
+		t.Errorf("monitor saw the prune: %t, in %d reads", r.pruned, r.reads)
+	}
 }

@@ -22,6 +22,7 @@ const defaultStateDir = "/var/run/enimasq"
 type options struct {
 	stateDir  string
 	apiSocket string
+	bpfRoot   string
 }
 
 func (o *options) socket() string {
@@ -46,6 +47,7 @@ func newRootCommand() *cobra.Command {
 		statedbCommand(o),
 		healthCommand(o),
 		shellCommand(o),
+		bpfCommand(o),
 	)
 	return root
 }
