@@ -141,6 +141,6 @@ func reconcilerOptions(cfg Config, name string) []reconciler.Option {
 		reconciler.WithRefreshing(cfg.BPFMapRefreshInterval, rate.NewLimiter(rate.Limit(10000), 1000)),
 		// The default limit (1000 rounds/s) is the floor of a change's
 		// latency; batches make rounds cheap.
-		reconciler.WithRoundLimits(10000, rate.NewLimiter(rate.Inf, 1)),
+		reconciler.WithRoundLimits(1024, rate.NewLimiter(rate.Inf, 1)),
 	}
 }
