@@ -75,6 +75,7 @@ type masqParams struct {
 	Table     statedb.RWTable[*MasqEntry]
 	Reconcile reconciler.Params
 	Ops       *mapOps[*MasqEntry]
+	Health    cell.Health
 }
 
 // registerMasq derives masq-map-entries from ip-masq-agent-cidrs and
@@ -85,6 +86,7 @@ func registerMasq(p masqParams) error {
 		return err
 	}
 	if !p.IPMasq.EnableIPMasqAgent {
+		p.Health.NewScope("masq").OK("No ipmasq maps: --enable-ip-masq-agent=false")
 		return nil
 	}
 	v4, v6 := masqFamilies(p.Node, p.IPMasq)
