@@ -15,9 +15,9 @@ if [ "${ENIMASQ_DEMO_NS:-}" != 1 ]; then
 fi
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-bin="$here/bin"
+bin="${ENIMASQ_BIN:-$here/bin}"
 samples="${SAMPLES:-$here/test/testdata/samples}"
-work=$(mktemp -d /tmp/enimasq-demo.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/enimasq-demo.XXXXXX")
 agent_pid=""
 
 cleanup() {
