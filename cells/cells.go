@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
 )
@@ -57,13 +58,33 @@ var shellCell = cell.Decorate(
 var Features = cell.Group(
 	ipmasq.Cell,
 	policymap.Cell,
+	ipam.Cell,
 )
 
-// Agent is the whole enimasq agent.
+// Agent is the whole enimasq agent: the infrastructure, the feature cells,
+// and the feature APIs mounted on the agent API socket.
 var Agent = cell.Group(
 	Infrastructure,
 	Features,
+	cell.Provide(mountIPAMAPI),
 )
+
+// apiHandlersOut adds several handlers to the agent API.
+type apiHandlersOut struct {
+	cell.Out
+	Handlers []APIHandler `group:"api-handlers,flatten"`
+}
+
+// mountIPAMAPI serves the ENI IPAM API (/v1/ipam) on the agent socket. The
+// ipam cell only provides the handler: where it is served is the agent's
+// choice, so that an embedding agent can mount it on its own API.
+func mountIPAMAPI(api *ipam.API) apiHandlersOut {
+	var out apiHandlersOut
+	for _, pattern := range ipam.APIPatterns {
+		out.Handlers = append(out.Handlers, APIHandler{Pattern: pattern, Handler: api})
+	}
+	return out
+}
 
 // HiveOptions scopes health and a job.Group to each module, the way Cilium's
 // hive does: a feature cell asks for job.Group and cell.Health and gets its own.

@@ -19,8 +19,10 @@ bin="${ENIMASQ_BIN:-$here/bin}"
 samples="${SAMPLES:-$here/test/testdata/samples}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/enimasq-demo.XXXXXX")
 agent_pid=""
+holders=()
 
 cleanup() {
+	for pid in "${holders[@]}"; do kill "$pid" 2>/dev/null || true; done
 	if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
 		kill -TERM "$agent_pid" 2>/dev/null || true
 		wait "$agent_pid" 2>/dev/null || true
@@ -40,11 +42,21 @@ mount -t bpf bpffs "$work/bpf"
 
 config="$work/config/ip-masq-agent"
 cp "$samples/ip-masq-agent.yaml" "$config"
+mkdir -p "$work/node" "$work/cni"
+cp "$samples/ciliumnode.yaml" "$work/node/ciliumnode.yaml"
+
+# The node's ENIs: links with the MACs of the sample CiliumNode (veths: the
+# other end stands for the VPC).
+ip link add eni0 address 0a:58:0a:82:00:0a type veth peer name vpc0
+ip link add eni1 address 0a:58:0a:82:64:0a type veth peer name vpc1
+ip link add eni2 address 0a:58:0a:82:70:0a type veth peer name vpc2
+for l in eni0 eni1 eni2 vpc0 vpc1 vpc2; do ip link set "$l" up; done
 
 step "Starting enimasq-agent in a fresh network namespace (log: $work/agent.log)"
 echo "ip-masq-agent config: $samples/ip-masq-agent.yaml"
 "$bin/enimasq-agent" --state-dir "$work/state" --bpf-root "$work/bpf" \
 	--enable-ip-masq-agent --enable-bpf-masquerade --ip-masq-agent-config-path "$config" \
+	--ciliumnode-path "$work/node/ciliumnode.yaml" \
 	"$@" >"$work/agent.log" 2>&1 &
 agent_pid=$!
 
@@ -98,6 +110,50 @@ dbg shell -- db/show ip-masq-agent-cidrs
 wait_for in_map 100.200.0.0/16
 wait_for not_in_map 172.16.0.0/12
 maps
+
+step "ENI IPAM: three pods created with the CNI plugin (enimasq-cni, driven by cnitool)"
+cat >"$work/cni/10-enimasq.conflist" <<CONF
+{
+  "cniVersion": "1.1.0",
+  "name": "enimasq",
+  "plugins": [{"type": "enimasq-cni", "agentSocket": "$work/state/enimasq.sock"}]
+}
+CONF
+cnitool() {
+	CNI_PATH="$bin" NETCONFPATH="$work/cni" CNI_CONTAINERID="$2" \
+		CNI_ARGS="K8S_POD_NAMESPACE=shop;K8S_POD_NAME=$2" "$bin/cnitool" "$1" enimasq "$3"
+}
+pods=(web-1 web-2 db-1)
+declare -A podns
+for pod in "${pods[@]}"; do
+	unshare --net sleep 3600 &
+	holders+=($!)
+	podns[$pod]=/proc/$!/ns/net
+	echo "\$ cnitool add enimasq (pod shop/$pod)"
+	cnitool add "$pod" "${podns[$pod]}" | grep -E '"(address|name)"' | tr -d ' ,' | paste -sd' '
+done
+dbg ipam list
+echo "\$ ip rule"
+ip rule
+echo "\$ ip route show table 11"
+ip route show table 11
+
+step "A peered VPC joins the config (198.18.0.0/15): every running pod gets its rule"
+sed -e 's|^- 10.0.0.0/8$|- 10.0.0.0/8\n- 198.18.0.0/15|' "$config" >"$config.tmp"
+mv "$config.tmp" "$config"
+has_rule() { ip rule | grep -q "to 198.18.0.0/15"; }
+wait_for has_rule
+echo "\$ ip rule | grep 198.18.0.0/15"
+ip rule | grep 198.18.0.0/15
+dbg shell -- db/show eni-rules
+
+step "The pods go: their rules go"
+for pod in "${pods[@]}"; do
+	echo "\$ cnitool del enimasq (pod shop/$pod)"
+	cnitool del "$pod" "${podns[$pod]}"
+done
+echo "\$ ip rule"
+ip rule
 
 step "An invalid edit: the rows stay, health says why"
 printf 'nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/33]\n' >"$config.tmp"

@@ -23,10 +23,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Binaries are the enimasq executables under test.
+// Binaries are the enimasq executables under test, and cnitool (from the
+// containernetworking/cni module) to drive the CNI plugin as a runtime does.
 type Binaries struct {
-	Agent string
-	Dbg   string
+	Agent   string
+	Dbg     string
+	CNI     string // enimasq-cni
+	CNITool string
 }
 
 var (
@@ -53,7 +56,24 @@ func Build(t testing.TB) Binaries {
 				return
 			}
 		}
-		built = Binaries{Agent: filepath.Join(dir, "enimasq-agent"), Dbg: filepath.Join(dir, "enimasq-dbg")}
+		built = Binaries{
+			Agent:   filepath.Join(dir, "enimasq-agent"),
+			Dbg:     filepath.Join(dir, "enimasq-dbg"),
+			CNI:     filepath.Join(dir, "enimasq-cni"),
+			CNITool: filepath.Join(dir, "cnitool"),
+		}
+		if _, err := os.Stat(built.CNITool); err != nil {
+			toolDir, err := os.MkdirTemp("", "enimasq-cnitool-")
+			if err != nil {
+				buildErr = err
+				return
+			}
+			built.CNITool = filepath.Join(toolDir, "cnitool")
+			out, err := exec.Command("go", "build", "-o", built.CNITool, "github.com/containernetworking/cni/cnitool").CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build cnitool: %w\n%s", err, out)
+			}
+		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -77,6 +97,9 @@ type Agent struct {
 	StateDir string
 	BPFRoot  string
 	Args     []string
+	// NetNSName, when set, is the named network namespace (ip netns) the agent
+	// runs in; otherwise it gets a fresh anonymous one.
+	NetNSName string
 
 	cmd    *exec.Cmd
 	stderr *syncBuffer
@@ -120,7 +143,14 @@ func StartAgent(t testing.TB, args ...string) *Agent {
 // Command is the agent's command line, in its own network namespace.
 func (a *Agent) Command(extra ...string) *exec.Cmd {
 	args := append([]string{"--state-dir", a.StateDir, "--bpf-root", a.BPFRoot}, a.Args...)
-	cmd := exec.Command(a.bin.Agent, append(args, extra...)...)
+	args = append(args, extra...)
+	if a.NetNSName != "" {
+		// ip netns exec execs the agent: the PID stays the agent's.
+		cmd := exec.Command("ip", append([]string{"netns", "exec", a.NetNSName, a.bin.Agent}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		return cmd
+	}
+	cmd := exec.Command(a.bin.Agent, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNET,
 		Pdeathsig:  syscall.SIGKILL,

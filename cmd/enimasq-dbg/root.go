@@ -48,6 +48,7 @@ func newRootCommand() *cobra.Command {
 		healthCommand(o),
 		shellCommand(o),
 		bpfCommand(o),
+		ipamCommand(o),
 	)
 	return root
 }

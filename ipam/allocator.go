@@ -1,0 +1,428 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/ipmasq"
+)
+
+// Errors of the allocator. Each API answer maps one of them to a status
+// code; they are wrapped with the details.
+var (
+	// ErrInvalidRequest: malformed owner, family or IP (400).
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrNotInPool: the requested IP is not handed out by this node (404).
+	ErrNotInPool = errors.New("IP not in the pool")
+	// ErrUnknownIP: no allocation holds the IP (404).
+	ErrUnknownIP = errors.New("unknown IP")
+	// ErrIPInUse: the requested IP is held by another owner (409).
+	ErrIPInUse = errors.New("IP held by another owner")
+	// ErrOwnerHasIP: the owner holds another IP of the family (409).
+	ErrOwnerHasIP = errors.New("owner holds another IP")
+	// ErrPoolExhausted: every IP of the family is allocated (503).
+	ErrPoolExhausted = errors.New("pool exhausted")
+	// ErrNotReady: the CiliumNode or the checkpoint is not read yet (503).
+	ErrNotReady = errors.New("not ready")
+	// ErrRulesFailed: waiting for the pod's rules and routes ended with an
+	// error (503); the allocation stands.
+	ErrRulesFailed = errors.New("rules not programmed")
+)
+
+// Request asks for an IP. Family is "ipv4" (default) or "ipv6"; IP asks
+// for a given address.
+type Request struct {
+	Owner  string `json:"owner"`
+	Family string `json:"family,omitempty"`
+	IP     string `json:"ip,omitempty"`
+}
+
+// Allocator hands out pod IPs from the pool of the CiliumNode and is the
+// only writer of ipam-allocations (with the pool-sync job, which only
+// updates the ENI and state columns). Every change is checkpointed before
+// it is committed and answered. Safe for concurrent use.
+type Allocator struct {
+	mu sync.Mutex // serializes allocate, release and restore with the checkpoint
+
+	log            *slog.Logger
+	db             *statedb.DB
+	allocs         statedb.RWTable[*Allocation]
+	enis           statedb.Table[*ENI]
+	cidrs          statedb.Table[*ipmasq.CIDR]
+	rules          statedb.Table[*Rule]
+	routes         statedb.Table[*Route]
+	settings       Settings
+	checkpoint     string
+	ciliumNodePath string
+	retry          time.Duration
+	restoreDone    func(statedb.WriteTxn)
+}
+
+func validateOwner(owner string) error {
+	ns, pod, ok := strings.Cut(owner, "/")
+	if !ok || ns == "" || pod == "" || strings.Contains(pod, "/") {
+		return fmt.Errorf("owner %q: want NAMESPACE/POD", owner)
+	}
+	if len(owner) > 512 {
+		return fmt.Errorf("owner %q: longer than 512 bytes", owner[:32]+"...")
+	}
+	for _, r := range owner {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("owner %q: contains a space or a control character", owner)
+		}
+	}
+	return nil
+}
+
+// parseRequest checks a request and returns the owner, the family and the
+// requested IP (invalid when none).
+func (a *Allocator) parseRequest(req Request) (owner, family string, want netip.Addr, err error) {
+	owner = req.Owner
+	if err := validateOwner(owner); err != nil {
+		return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if req.IP != "" {
+		want, err = netip.ParseAddr(req.IP)
+		if err != nil || want.Zone() != "" {
+			return "", "", netip.Addr{}, fmt.Errorf("%w: ip %q is not an IP address", ErrInvalidRequest, req.IP)
+		}
+		want = want.Unmap()
+	}
+	family = req.Family
+	switch family {
+	case "":
+		family = FamilyIPv4
+		if want.IsValid() {
+			family = familyOf(want)
+		}
+	case FamilyIPv4, FamilyIPv6:
+	default:
+		return "", "", netip.Addr{}, fmt.Errorf("%w: family %q: want %q or %q", ErrInvalidRequest, req.Family, FamilyIPv4, FamilyIPv6)
+	}
+	if want.IsValid() && familyOf(want) != family {
+		return "", "", netip.Addr{}, fmt.Errorf("%w: ip %s is not %s", ErrInvalidRequest, want, family)
+	}
+	switch {
+	case family == FamilyIPv4 && !a.settings.EnableIPv4:
+		return "", "", netip.Addr{}, fmt.Errorf("%w: IPv4 is disabled on this node (--enable-ipv4=false)", ErrInvalidRequest)
+	case family == FamilyIPv6 && !a.settings.EnableIPv6:
+		return "", "", netip.Addr{}, fmt.Errorf("%w: IPv6 is disabled on this node (--enable-ipv6=false)", ErrInvalidRequest)
+	}
+	return owner, family, want, nil
+}
+
+// ready says why allocation cannot run yet, if it cannot.
+func (a *Allocator) ready(txn statedb.ReadTxn, needENIs bool) error {
+	if ok, _ := a.allocs.Initialized(txn); !ok {
+		return fmt.Errorf("%w: allocations are not restored from the checkpoint %s yet", ErrNotReady, a.checkpoint)
+	}
+	if !needENIs {
+		return nil
+	}
+	if ok, _ := a.enis.Initialized(txn); !ok {
+		return fmt.Errorf("%w: no CiliumNode read yet from %s", ErrNotReady, a.ciliumNodePath)
+	}
+	if ok, _ := a.cidrs.Initialized(txn); !ok {
+		return fmt.Errorf("%w: the ip-masq-agent CIDRs are not loaded yet (is the ip-masq-agent config valid?)", ErrNotReady)
+	}
+	return nil
+}
+
+func (a *Allocator) pool(txn statedb.ReadTxn) Pool {
+	return NewPool(statedb.Collect(a.enis.All(txn)))
+}
+
+func (a *Allocator) nonMasq(txn statedb.ReadTxn) []netip.Prefix {
+	var out []netip.Prefix
+	for c := range a.cidrs.All(txn) {
+		out = append(out, c.Prefix)
+	}
+	return out
+}
+
+// Allocate hands out an IP to the owner: the requested one, or the next free
+// one of the family. Asking again for the same owner and family returns the
+// same allocation (created is false).
+func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool, err error) {
+	owner, family, want, err := a.parseRequest(req)
+	if err != nil {
+		return AllocationResult{}, false, err
+	}
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	wtxn := a.db.WriteTxn(a.allocs)
+	defer wtxn.Abort()
+	if err := a.ready(wtxn, true); err != nil {
+		return AllocationResult{}, false, err
+	}
+	pool := a.pool(wtxn)
+	nonMasq := a.nonMasq(wtxn)
+
+	for held := range a.allocs.List(wtxn, AllocationOwnerIndex.Query(owner)) {
+		if familyOf(held.IP) != family {
+			continue
+		}
+		if want.IsValid() && want != held.IP {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, not %s (release it first)", ErrOwnerHasIP, owner, held.IP, want)
+		}
+		eni, ok := pool.ENI(held.IP)
+		if !ok {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, which has left the pool (%s): release it first",
+				ErrOwnerHasIP, owner, held.IP, pool.whyNotInPool(held.IP))
+		}
+		return NewResult(held.IP, eni, nonMasq, a.settings), false, nil
+	}
+
+	taken := func(ip netip.Addr) bool {
+		_, _, found := a.allocs.Get(wtxn, AllocationIPIndex.Query(ip))
+		return found
+	}
+	ip := want
+	if ip.IsValid() {
+		if _, ok := pool.ENI(ip); !ok {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s", ErrNotInPool, pool.whyNotInPool(ip))
+		}
+		if held, _, found := a.allocs.Get(wtxn, AllocationIPIndex.Query(ip)); found {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s is held by %s", ErrIPInUse, ip, held.Owner)
+		}
+	} else {
+		var ok bool
+		if ip, ok = pool.Next(family, taken); !ok {
+			return AllocationResult{}, false, fmt.Errorf("%w: no free %s address (the pool has %d addresses of all families)",
+				ErrPoolExhausted, family, pool.Len())
+		}
+	}
+	eni, _ := pool.ENI(ip)
+	a.allocs.Insert(wtxn, &Allocation{IP: ip, Owner: owner, ENI: eni.ID, State: StateAllocated})
+	if err := a.writeCheckpoint(wtxn); err != nil {
+		return AllocationResult{}, false, err
+	}
+	wtxn.Commit()
+	a.log.Info("Allocated pod IP", "ip", ip, "owner", owner, "eni", eni.ID, "table", eni.RouteTable())
+	return NewResult(ip, eni, nonMasq, a.settings), true, nil
+}
+
+// Release returns the IP to the pool; the pod's rules are removed.
+func (a *Allocator) Release(ip netip.Addr) (*Allocation, error) {
+	ip = ip.Unmap()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	wtxn := a.db.WriteTxn(a.allocs)
+	defer wtxn.Abort()
+	if err := a.ready(wtxn, false); err != nil {
+		return nil, err
+	}
+	held, _, found := a.allocs.Get(wtxn, AllocationIPIndex.Query(ip))
+	if !found {
+		return nil, fmt.Errorf("%w: %s is not allocated", ErrUnknownIP, ip)
+	}
+	a.allocs.Delete(wtxn, held)
+	if err := a.writeCheckpoint(wtxn); err != nil {
+		return nil, err
+	}
+	wtxn.Commit()
+	a.log.Info("Released pod IP", "ip", ip, "owner", held.Owner)
+	return held, nil
+}
+
+// Allocations returns every allocation, by IP.
+func (a *Allocator) Allocations() []*Allocation {
+	return statedb.Collect(a.allocs.All(a.db.ReadTxn()))
+}
+
+func (a *Allocator) writeCheckpoint(txn statedb.ReadTxn) error {
+	var entries []CheckpointEntry
+	for al := range a.allocs.All(txn) {
+		entries = append(entries, CheckpointEntry{IP: al.IP, Owner: al.Owner})
+	}
+	if err := WriteCheckpoint(a.checkpoint, entries); err != nil {
+		a.log.Error("Cannot write the allocations checkpoint: change refused", "error", err)
+		return err
+	}
+	return nil
+}
+
+// restore loads the checkpoint into the table and marks it initialized. A
+// checkpoint that cannot be read is retried: until then nothing is
+// allocated, released or pruned.
+func (a *Allocator) restore(ctx context.Context, health cell.Health) error {
+	lastErr := ""
+	for {
+		entries, err := ReadCheckpoint(a.checkpoint)
+		if err == nil {
+			removeStaleTemps(a.checkpoint)
+			a.mu.Lock()
+			wtxn := a.db.WriteTxn(a.allocs)
+			for _, e := range entries {
+				a.allocs.Insert(wtxn, &Allocation{IP: e.IP.Unmap(), Owner: e.Owner, State: StateRestored})
+			}
+			a.restoreDone(wtxn)
+			wtxn.Commit()
+			a.mu.Unlock()
+			a.log.Info("Restored allocations", "checkpoint", a.checkpoint, "allocations", len(entries))
+			return nil
+		}
+		if err.Error() != lastErr {
+			lastErr = err.Error()
+			a.log.Error("Cannot read the allocations checkpoint: no allocation, release or pruning until it is fixed or removed", "error", err)
+		}
+		health.Degraded("cannot read the allocations checkpoint", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(a.retry):
+		}
+	}
+}
+
+// syncPool keeps the ENI and state of every allocation in step with the
+// pool, and reports allocations whose IP has left it (their rules are
+// removed by the desired-state job, which reads the pool itself).
+func (a *Allocator) syncPool(ctx context.Context, health cell.Health) error {
+	reported := map[netip.Addr]bool{}
+	for {
+		rtxn := a.db.ReadTxn()
+		_, enisWatch := a.enis.AllWatch(rtxn)
+		_, allocsWatch := a.allocs.AllWatch(rtxn)
+		if ok, initWatch := a.enis.Initialized(rtxn); !ok {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-initWatch:
+				continue
+			}
+		}
+
+		wtxn := a.db.WriteTxn(a.allocs)
+		pool := a.pool(wtxn)
+		var orphans []string
+		orphaned := map[netip.Addr]bool{}
+		total := 0
+		for al := range a.allocs.All(wtxn) {
+			total++
+			eni, state, reason := pool.placement(al)
+			if eni != al.ENI || state != al.State || reason != al.Reason {
+				next := *al
+				next.ENI, next.State, next.Reason = eni, state, reason
+				a.allocs.Insert(wtxn, &next)
+			}
+			if state == StateOrphaned {
+				orphans = append(orphans, fmt.Sprintf("%s (%s)", al.IP, al.Owner))
+				orphaned[al.IP] = true
+				if !reported[al.IP] {
+					a.log.Warn("Allocation has left the pool: its rules are removed; release it",
+						"ip", al.IP, "owner", al.Owner, "reason", reason)
+				}
+			}
+		}
+		wtxn.Commit()
+		reported = orphaned
+
+		if len(orphans) > 0 {
+			slices.Sort(orphans)
+			health.Degraded(fmt.Sprintf("%d of %d allocations are not in the pool", len(orphans), total),
+				fmt.Errorf("not in the pool (rules removed, release them): %s", strings.Join(orphans, ", ")))
+		} else {
+			health.OK(fmt.Sprintf("%d allocations, all in the pool of %d addresses", total, pool.Len()))
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-enisWatch:
+		case <-allocsWatch:
+		}
+	}
+}
+
+// Result returns the allocation result of an allocated IP, computed from
+// the current ENIs and non-masquerade CIDRs.
+func (a *Allocator) Result(ip netip.Addr) (AllocationResult, error) {
+	txn := a.db.ReadTxn()
+	al, _, found := a.allocs.Get(txn, AllocationIPIndex.Query(ip))
+	if !found {
+		return AllocationResult{}, fmt.Errorf("%w: %s is not allocated", ErrUnknownIP, ip)
+	}
+	eni, ok := a.pool(txn).ENI(al.IP)
+	if !ok {
+		return AllocationResult{}, fmt.Errorf("%w: %s", ErrNotInPool, a.pool(txn).whyNotInPool(al.IP))
+	}
+	return NewResult(al.IP, eni, a.nonMasq(txn), a.settings), nil
+}
+
+// WaitProgrammed waits until the rules of the pod with IP ip and the routes
+// of its ENI are in the kernel (Done), as the current desired state says
+// (it follows config changes while waiting). It returns the first
+// reconciliation error it sees (wrapped in ErrRulesFailed), or ctx's error.
+func (a *Allocator) WaitProgrammed(ctx context.Context, ip netip.Addr) error {
+	for {
+		txn := a.db.ReadTxn()
+		al, _, allocWatch, found := a.allocs.GetWatch(txn, AllocationIPIndex.Query(ip))
+		if !found {
+			return fmt.Errorf("%w: %s was released while waiting for its rules", ErrUnknownIP, ip)
+		}
+		_, enisWatch := a.enis.AllWatch(txn)
+		_, cidrsWatch := a.cidrs.AllWatch(txn)
+		_, rulesWatch := a.rules.ListWatch(txn, RulePodIndex.Query(ip))
+		_, routesWatch := a.routes.AllWatch(txn)
+
+		eni, ok := a.pool(txn).ENI(al.IP)
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrNotInPool, a.pool(txn).whyNotInPool(al.IP))
+		}
+		cidrs := ResultCIDRs(eni, a.nonMasq(txn), a.settings, familyOf(al.IP))
+		done, err := a.programmed(txn, PodRules(al.IP, al.Owner, eni, cidrs, a.settings), ENIRoutes(eni))
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: %w", ErrRulesFailed, ip, ctx.Err())
+		case <-allocWatch:
+		case <-enisWatch:
+		case <-cidrsWatch:
+		case <-rulesWatch:
+		case <-routesWatch:
+		}
+	}
+}
+
+func (a *Allocator) programmed(txn statedb.ReadTxn, rules []*Rule, routes []*Route) (bool, error) {
+	done := true
+	for _, want := range rules {
+		got, _, found := a.rules.Get(txn, RuleKeyIndex.Query(want.RuleKey))
+		switch {
+		case !found || !got.sameDesired(want):
+			done = false
+		case got.Status.Kind == reconciler.StatusKindError:
+			return false, fmt.Errorf("%w: rule %q: %s", ErrRulesFailed, got.IPRule(), got.Status.GetError())
+		case got.Status.Kind != reconciler.StatusKindDone:
+			done = false
+		}
+	}
+	for _, want := range routes {
+		got, _, found := a.routes.Get(txn, RouteKeyIndex.Query(want.RouteKey))
+		switch {
+		case !found || !got.sameDesired(want):
+			done = false
+		case got.Status.Kind == reconciler.StatusKindError:
+			return false, fmt.Errorf("%w: route %s in table %d: %s", ErrRulesFailed, routeDst(got.Dst), got.Table, got.Status.GetError())
+		case got.Status.Kind != reconciler.StatusKindDone:
+			done = false
+		}
+	}
+	return done, nil
+}

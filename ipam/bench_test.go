@@ -1,0 +1,292 @@
+package ipam_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipmasq"
+)
+
+const (
+	benchPods  = 500
+	benchTable = 11
+)
+
+// benchCiliumNode has two ENIs with 250 pool IPs each.
+func benchCiliumNode() string {
+	var b strings.Builder
+	b.WriteString("spec:\n  eni: {first-interface-index: 1}\n  ipam:\n    pool:\n")
+	for i := range benchPods {
+		eni, third := 1, 100+i/250
+		if i >= 250 {
+			eni, third = 2, 112+(i-250)/250
+		}
+		fmt.Fprintf(&b, "      10.130.%d.%d: {resource: eni-%d}\n", third, 1+i%250, eni)
+	}
+	b.WriteString(`status:
+  eni:
+    enis:
+      eni-1: {mac: "0a:58:0a:82:64:0a", number: 1, subnet: {cidr: 10.130.96.0/20}, vpc: {primary-cidr: 10.128.0.0/13, cidrs: [100.112.0.0/13]}}
+      eni-2: {mac: "0a:58:0a:82:70:0a", number: 2, subnet: {cidr: 10.130.112.0/20}, vpc: {primary-cidr: 10.128.0.0/13, cidrs: [100.112.0.0/13]}}
+`)
+	return b.String()
+}
+
+// benchCIDRs are 8 CIDRs per pod once the VPC CIDRs are coalesced into
+// 10.0.0.0/8 and 100.64.0.0/10.
+var benchCIDRs = []string{
+	"10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
+	"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",
+}
+
+var benchNewCIDR = netip.MustParsePrefix("198.18.0.0/15")
+
+type benchEnv struct {
+	n      *testNetNS
+	nl     *countingNetlink
+	db     *statedb.DB
+	cidrs  statedb.RWTable[*ipmasq.CIDR]
+	rules  statedb.Table[*ipam.Rule]
+	alloc  *ipam.Allocator
+	pods   []netip.Addr
+	tables map[netip.Addr]int
+}
+
+func (e *benchEnv) setCIDRs(b *testing.B, extra ...netip.Prefix) {
+	var rows []ipmasq.CIDR
+	for _, s := range benchCIDRs {
+		rows = append(rows, ipmasq.CIDR{Prefix: netip.MustParsePrefix(s), Source: ipmasq.SourceConfig})
+	}
+	for _, p := range extra {
+		rows = append(rows, ipmasq.CIDR{Prefix: p, Source: ipmasq.SourceConfig})
+	}
+	wtxn := e.db.WriteTxn(e.cidrs)
+	ipmasq.Diff(wtxn, e.cidrs, rows)
+	wtxn.Commit()
+}
+
+// waitRules waits until eni-rules has want rows to dst (all Done) and
+// total rows in all, all Done.
+func (e *benchEnv) waitRules(b *testing.B, dst netip.Prefix, want, total int) {
+	deadline := time.After(60 * time.Second)
+	for {
+		rows, watch := e.rules.AllWatch(e.db.ReadTxn())
+		n, all, done := 0, 0, true
+		for r := range rows {
+			all++
+			if r.Status.Kind != reconciler.StatusKindDone {
+				done = false
+				break
+			}
+			if r.To == dst {
+				n++
+			}
+		}
+		if done && n == want && all == total {
+			return
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			b.Fatalf("timed out: %d rules to %s, %d rows", n, dst, all)
+		}
+	}
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	n := newTestNetNS(b, false)
+	e := &benchEnv{n: n, nl: &countingNetlink{Netlink: n.H}, tables: map[netip.Addr]int{}}
+	dir := b.TempDir()
+	writeAtomic(b, filepath.Join(dir, "ciliumnode.yaml"), benchCiliumNode())
+
+	var initCIDRs func(statedb.WriteTxn)
+	h := cells.New(
+		cells.Core, cells.NodeConfigCell,
+		cell.Config(ipmasq.DefaultConfig),
+		// The ip-masq-agent-cidrs table, written by the benchmark itself:
+		// no file watcher in the timed path.
+		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*ipmasq.CIDR], statedb.Table[*ipmasq.CIDR], error) {
+			tbl, err := ipmasq.NewTable(db)
+			if err != nil {
+				return nil, nil, err
+			}
+			wtxn := db.WriteTxn(tbl)
+			initCIDRs = tbl.RegisterInitializer(wtxn, "bench")
+			wtxn.Commit()
+			return tbl, tbl, nil
+		}),
+		ipam.Cell,
+		cell.Provide(func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: e.nl} }),
+		cell.Invoke(func(db *statedb.DB, cidrs statedb.RWTable[*ipmasq.CIDR], rules statedb.Table[*ipam.Rule], alloc *ipam.Allocator) {
+			e.db, e.cidrs, e.rules, e.alloc = db, cidrs, rules, alloc
+		}),
+	)
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	if err := flags.Parse([]string{
+		"--state-dir", filepath.Join(dir, "state"), "--bpf-root", dir,
+		"--enable-bpf-masquerade", "--ciliumnode-path", filepath.Join(dir, "ciliumnode.yaml"),
+	}); err != nil {
+		b.Fatal(err)
+	}
+	log := hivetest.Logger(b, hivetest.LogLevel(slog.LevelWarn))
+	if err := h.Start(log, context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Stop(log, context.Background()) })
+
+	e.setCIDRs(b)
+	wtxn := e.db.WriteTxn(e.cidrs)
+	initCIDRs(wtxn)
+	wtxn.Commit()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for i := range benchPods {
+		for {
+			res, _, err := e.alloc.Allocate(ipam.Request{Owner: fmt.Sprintf("bench/pod-%d", i)})
+			if err == nil {
+				ip := netip.MustParseAddr(res.IP)
+				e.pods = append(e.pods, ip)
+				e.tables[ip] = 10 + int(res.InterfaceNumber[0]-'0')
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("allocate: %s", err)
+			}
+			time.Sleep(10 * time.Millisecond) // CiliumNode or checkpoint not read yet
+		}
+	}
+	e.waitRules(b, netip.Prefix{}, 0, benchPods*(1+len(benchCIDRs)))
+	return e
+}
+
+func egressRule(pod netip.Addr, dst netip.Prefix, table int) *netlink.Rule {
+	r := netlink.NewRule()
+	r.Priority = ipam.RulePriorityEgress
+	r.Family = 2 // AF_INET
+	r.Table = table
+	r.Protocol = ipam.RTProto
+	r.Src = ipNetOf(netip.PrefixFrom(pod, 32))
+	r.Dst = ipNetOf(dst)
+	return r
+}
+
+// BenchmarkAddCIDR500Pods: 500 pods with 8 CIDRs each (4000 egress rules
+// plus 500 priority-20 rules in the kernel); one non-masquerade CIDR is
+// added. It must cost exactly 500 rule additions and nothing else. Reported:
+//
+//	floor-ms      a raw netlink loop of the same 500 additions, same run
+//	x-floor       the cell's time (table write until all 500 rows Done) / floor
+//	rebuild-x-floor  re-running every pod's setup (delete its 8 egress
+//	              rules, add its 9) / floor: what Cilium needs to apply it
+//	x-rebuild     the cell's time / the rebuild's
+func BenchmarkAddCIDR500Pods(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root (network namespace, ip rules)")
+	}
+	e := newBenchEnv(b)
+	total := benchPods * (1 + len(benchCIDRs))
+	oldCIDRs := make([]netip.Prefix, 0, len(benchCIDRs))
+	for _, s := range ipam.CoalesceCIDRs(parsePrefixes(benchCIDRs)) {
+		oldCIDRs = append(oldCIDRs, s)
+	}
+	if len(oldCIDRs) != 8 {
+		b.Fatalf("%d CIDRs per pod, want 8", len(oldCIDRs))
+	}
+
+	var floor, ours, rebuild time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		// Floor: the same 500 additions, raw.
+		start := time.Now()
+		for _, pod := range e.pods {
+			if err := e.n.H.RuleAdd(egressRule(pod, benchNewCIDR, e.tables[pod])); err != nil {
+				b.Fatal(err)
+			}
+		}
+		floor += time.Since(start)
+		for _, pod := range e.pods {
+			if err := e.n.H.RuleDel(egressRule(pod, benchNewCIDR, e.tables[pod])); err != nil {
+				b.Fatal(err)
+			}
+		}
+
+		// The cell: one row in ip-masq-agent-cidrs.
+		adds, dels := e.nl.ruleAdds.Load(), e.nl.ruleDels.Load()
+		routes := e.nl.routeReplaces.Load() + e.nl.routeDels.Load()
+		b.StartTimer()
+		start = time.Now()
+		e.setCIDRs(b, benchNewCIDR)
+		e.waitRules(b, benchNewCIDR, benchPods, total+benchPods)
+		ours += time.Since(start)
+		b.StopTimer()
+		if got := e.nl.ruleAdds.Load() - adds; got != benchPods {
+			b.Fatalf("%d rule additions, want exactly %d", got, benchPods)
+		}
+		if got := e.nl.ruleDels.Load() - dels; got != 0 {
+			b.Fatalf("%d rule deletions, want 0", got)
+		}
+		if got := e.nl.routeReplaces.Load() + e.nl.routeDels.Load() - routes; got != 0 {
+			b.Fatalf("%d route operations, want 0", got)
+		}
+		b.ReportMetric(benchPods, "rule-adds")
+		dels = e.nl.ruleDels.Load()
+		e.setCIDRs(b)
+		e.waitRules(b, benchNewCIDR, 0, total)
+		for e.nl.ruleDels.Load()-dels < benchPods {
+			time.Sleep(time.Millisecond) // the kernel deletions follow the rows'
+		}
+
+		// Rebuild: every pod's egress rules deleted and added again with
+		// the new CIDR, as re-running pod setup would.
+		newCIDRs := append(oldCIDRs[:len(oldCIDRs):len(oldCIDRs)], benchNewCIDR)
+		start = time.Now()
+		for _, pod := range e.pods {
+			for _, c := range oldCIDRs {
+				if err := e.n.H.RuleDel(egressRule(pod, c, e.tables[pod])); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, c := range newCIDRs {
+				if err := e.n.H.RuleAdd(egressRule(pod, c, e.tables[pod])); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		rebuild += time.Since(start)
+		for _, pod := range e.pods {
+			if err := e.n.H.RuleDel(egressRule(pod, benchNewCIDR, e.tables[pod])); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(floor.Microseconds())/float64(b.N)/1000, "floor-ms")
+	b.ReportMetric(float64(ours)/float64(floor), "x-floor")
+	b.ReportMetric(float64(rebuild)/float64(floor), "rebuild-x-floor")
+	b.ReportMetric(float64(ours)/float64(rebuild), "x-rebuild")
+}
+
+func parsePrefixes(ss []string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}

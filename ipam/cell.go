@@ -1,0 +1,198 @@
+package ipam
+
+import (
+	"log/slog"
+	"path/filepath"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/ipmasq"
+)
+
+// Cell is the ENI IPAM: it provides the tables enis, ipam-allocations,
+// eni-rules and eni-routes (as statedb.Table), the *Allocator and its *API,
+// and reconciles the rules and routes into the kernel with netlink, in the
+// agent's network namespace (or a NetlinkTarget's).
+//
+// It needs statedb, jobs, health, nodeconfig.Config, ipmasq.Config and the
+// ip-masq-agent-cidrs table (ipmasq.Cell).
+var Cell = cell.Module(
+	"ipam",
+	"ENI IPAM - pod IPs from the CiliumNode and their ip rules and routes",
+
+	cell.Config(DefaultConfig),
+	cell.ProvidePrivate(
+		NewENITable,
+		NewAllocationTable,
+		NewRuleTable,
+		NewRouteTable,
+		NewSettings,
+		newNetlink,
+	),
+	cell.Provide(
+		statedb.RWTable[*ENI].ToTable,
+		statedb.RWTable[*Allocation].ToTable,
+		statedb.RWTable[*Rule].ToTable,
+		statedb.RWTable[*Route].ToTable,
+		newAllocator,
+		NewAPI,
+		scriptCommands,
+	),
+	cell.Invoke(
+		// The allocator's jobs (checkpoint restore, pool sync) run even
+		// when nothing else asks for it.
+		func(*Allocator) {},
+		registerSource,
+		registerDesired,
+		registerReconcilers,
+	),
+)
+
+type allocatorParams struct {
+	cell.In
+
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Node     nodeconfig.Config
+	Config   Config
+	Settings Settings
+	Allocs   statedb.RWTable[*Allocation]
+	ENIs     statedb.Table[*ENI]
+	CIDRs    statedb.Table[*ipmasq.CIDR]
+	Rules    statedb.Table[*Rule]
+	Routes   statedb.Table[*Route]
+	Jobs     job.Group
+}
+
+// newAllocator builds the allocator and adds its jobs: restoring the
+// checkpoint (which initializes ipam-allocations) and keeping each
+// allocation's ENI and state in step with the pool.
+func newAllocator(p allocatorParams) *Allocator {
+	wtxn := p.DB.WriteTxn(p.Allocs)
+	restoreDone := p.Allocs.RegisterInitializer(wtxn, "ipam-checkpoint")
+	wtxn.Commit()
+	a := &Allocator{
+		log:            p.Log,
+		db:             p.DB,
+		allocs:         p.Allocs,
+		enis:           p.ENIs,
+		cidrs:          p.CIDRs,
+		rules:          p.Rules,
+		routes:         p.Routes,
+		settings:       p.Settings,
+		checkpoint:     filepath.Join(p.Node.StateDir, CheckpointFile),
+		ciliumNodePath: p.Config.CiliumNodePath,
+		retry:          p.Config.CiliumNodeResync,
+		restoreDone:    restoreDone,
+	}
+	p.Jobs.Add(
+		job.OneShot("restore-allocations", a.restore),
+		job.OneShot("sync-allocations", a.syncPool),
+	)
+	return a
+}
+
+type sourceParams struct {
+	cell.In
+
+	Config Config
+	Log    *slog.Logger
+	DB     *statedb.DB
+	Table  statedb.RWTable[*ENI]
+	Jobs   job.Group
+}
+
+func registerSource(p sourceParams) {
+	wtxn := p.DB.WriteTxn(p.Table)
+	initDone := p.Table.RegisterInitializer(wtxn, "ciliumnode")
+	wtxn.Commit()
+	s := &source{
+		path:     p.Config.CiliumNodePath,
+		resync:   p.Config.CiliumNodeResync,
+		log:      p.Log,
+		db:       p.DB,
+		table:    p.Table,
+		initDone: initDone,
+	}
+	p.Jobs.Add(job.OneShot("watch-ciliumnode", s.run))
+}
+
+type desiredParams struct {
+	cell.In
+
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Settings Settings
+	Allocs   statedb.Table[*Allocation]
+	ENIs     statedb.Table[*ENI]
+	CIDRs    statedb.Table[*ipmasq.CIDR]
+	Rules    statedb.RWTable[*Rule]
+	Routes   statedb.RWTable[*Route]
+	Jobs     job.Group
+}
+
+func registerDesired(p desiredParams) {
+	wtxn := p.DB.WriteTxn(p.Rules, p.Routes)
+	rulesInit := p.Rules.RegisterInitializer(wtxn, "eni-desired")
+	routesInit := p.Routes.RegisterInitializer(wtxn, "eni-desired")
+	wtxn.Commit()
+	d := &desiredJob{
+		log:        p.Log,
+		db:         p.DB,
+		allocs:     p.Allocs,
+		enis:       p.ENIs,
+		cidrs:      p.CIDRs,
+		rules:      p.Rules,
+		routes:     p.Routes,
+		settings:   p.Settings,
+		rulesInit:  rulesInit,
+		routesInit: routesInit,
+	}
+	p.Jobs.Add(job.OneShot("derive-eni-rules-routes", d.run))
+}
+
+type reconcilerParams struct {
+	cell.In
+
+	Config    Config
+	Reconcile reconciler.Params
+	Rules     statedb.RWTable[*Rule]
+	Routes    statedb.RWTable[*Route]
+	Netlink   *nlHandle
+}
+
+func reconcilerOptions(cfg Config, name string) []reconciler.Option {
+	return []reconciler.Option{
+		reconciler.WithName(name),
+		reconciler.WithRetry(cfg.ENINetlinkRetryMin, cfg.ENINetlinkRetryMax),
+		// Pruning runs once the tables are initialized, i.e. once the
+		// CiliumNode, the checkpoint and the ip-masq-agent CIDRs are all
+		// loaded: a restart never deletes the rules of running pods.
+		reconciler.WithPruning(cfg.ENINetlinkRefreshPeriod),
+		reconciler.WithRefreshing(cfg.ENINetlinkRefreshPeriod, rate.NewLimiter(rate.Limit(10000), 1000)),
+		reconciler.WithRoundLimits(10000, rate.NewLimiter(rate.Inf, 1)),
+	}
+}
+
+func registerReconcilers(p reconcilerParams) error {
+	if _, err := reconciler.Register(
+		p.Reconcile, p.Rules,
+		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,
+		&ruleOps{nl: p.Netlink}, nil,
+		reconcilerOptions(p.Config, "eni-rules")...,
+	); err != nil {
+		return err
+	}
+	_, err := reconciler.Register(
+		p.Reconcile, p.Routes,
+		(*Route).Clone, (*Route).SetStatus, (*Route).GetStatus,
+		&routeOps{nl: p.Netlink}, nil,
+		reconcilerOptions(p.Config, "eni-routes")...,
+	)
+	return err
+}

@@ -1,0 +1,77 @@
+package ipam
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCheckpointRoundTripAndAtomicWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, CheckpointFile)
+
+	if got, err := ReadCheckpoint(path); err != nil || got != nil {
+		t.Fatalf("missing checkpoint: %v %v, want no allocations", got, err)
+	}
+	entries := []CheckpointEntry{
+		{IP: netip.MustParseAddr("10.130.112.20"), Owner: "shop/b"},
+		{IP: netip.MustParseAddr("10.130.100.133"), Owner: "shop/a"},
+	}
+	if err := WriteCheckpoint(path, entries); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []CheckpointEntry{entries[1], entries[0]} // sorted by IP
+	if !slices.Equal(got, want) {
+		t.Errorf("read back %v, want %v", got, want)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("checkpoint mode %v %v, want 0600", fi.Mode(), err)
+	}
+
+	// A temporary file left by a crash in the middle of a write is ignored
+	// by the reader and removed at restore.
+	stale := filepath.Join(dir, tempPrefix(path)+"123")
+	os.WriteFile(stale, []byte(`{"version": 1, "allocations": [{"ip": "10.`), 0o600)
+	if got, err := ReadCheckpoint(path); err != nil || len(got) != 2 {
+		t.Errorf("with a stale temp file: %v %v", got, err)
+	}
+	removeStaleTemps(path)
+	files, _ := os.ReadDir(dir)
+	if len(files) != 1 || files[0].Name() != CheckpointFile {
+		t.Errorf("files after removeStaleTemps: %v", files)
+	}
+
+	if err := WriteCheckpoint(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadCheckpoint(path); err != nil || len(got) != 0 {
+		t.Errorf("empty checkpoint: %v %v", got, err)
+	}
+}
+
+func TestCheckpointRejectsBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ content, want string }{
+		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b"}`, "not an allocations checkpoint"},
+		{`{"version": 2, "allocations": []}`, "version 2"},
+		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "nobody"}]}`, "NAMESPACE/POD"},
+		{`{"version": 1, "allocations": [{"owner": "a/b"}]}`, "no ip"},
+		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b"}, {"ip": "10.0.0.1", "owner": "a/c"}]}`, "listed twice"},
+		{`{"version": 1, "allocations": [], "extra": 1}`, "unknown field"},
+	} {
+		path := filepath.Join(dir, CheckpointFile)
+		os.WriteFile(path, []byte(tc.content), 0o600)
+		_, err := ReadCheckpoint(path)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.content, err, tc.want)
+		}
+	}
+}

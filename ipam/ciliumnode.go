@@ -1,0 +1,242 @@
+package ipam
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// MaxCiliumNodeSize bounds the CiliumNode file.
+const MaxCiliumNodeSize = 4 << 20
+
+// CiliumNode is what enimasq reads from a CiliumNode object.
+type CiliumNode struct {
+	Name                string
+	FirstInterfaceIndex int
+	// ENIs are sorted by number, then ID; each carries its pool IPs.
+	ENIs []*ENI
+	// Warnings are accepted oddities (pool IPs of unknown ENIs, host bits).
+	Warnings []string
+}
+
+// PoolSize is the number of IPs handed out (on usable ENIs).
+func (n *CiliumNode) PoolSize() int {
+	size := 0
+	for _, e := range n.ENIs {
+		if e.Usable() {
+			size += len(e.Pool)
+		}
+	}
+	return size
+}
+
+// Summary is a one-line description for logs and health.
+func (n *CiliumNode) Summary() string {
+	usable := 0
+	for _, e := range n.ENIs {
+		if e.Usable() {
+			usable++
+		}
+	}
+	return fmt.Sprintf("CiliumNode %s: %d ENIs (%d usable, first-interface-index %d), %d pool IPs",
+		n.Name, len(n.ENIs), usable, n.FirstInterfaceIndex, n.PoolSize())
+}
+
+// The fields of a CiliumNode that enimasq reads; everything else is ignored
+// (the file is `kubectl get ciliumnode <node> -o yaml`).
+type ciliumNodeFile struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		ENI struct {
+			FirstInterfaceIndex *int `json:"first-interface-index"`
+		} `json:"eni"`
+		IPAM struct {
+			Pool map[string]struct {
+				Resource string `json:"resource"`
+			} `json:"pool"`
+		} `json:"ipam"`
+	} `json:"spec"`
+	Status struct {
+		ENI struct {
+			ENIs map[string]eniStatus `json:"enis"`
+		} `json:"eni"`
+	} `json:"status"`
+}
+
+type eniStatus struct {
+	ID     string `json:"id"`
+	IP     string `json:"ip"`
+	MAC    string `json:"mac"`
+	Number *int   `json:"number"`
+	Subnet struct {
+		CIDR string `json:"cidr"`
+	} `json:"subnet"`
+	VPC struct {
+		PrimaryCIDR string   `json:"primary-cidr"`
+		CIDRs       []string `json:"cidrs"`
+	} `json:"vpc"`
+}
+
+// ParseCiliumNode decodes a CiliumNode (YAML or JSON) and validates the
+// fields enimasq reads. Errors name the file, the field and the value.
+func ParseCiliumNode(path string, data []byte) (*CiliumNode, error) {
+	n, err := parseCiliumNode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return n, nil
+}
+
+func parseCiliumNode(data []byte) (*CiliumNode, error) {
+	switch {
+	case len(strings.TrimSpace(string(data))) == 0:
+		return nil, fmt.Errorf("file is empty")
+	case len(data) > MaxCiliumNodeSize:
+		return nil, fmt.Errorf("file is larger than %d bytes", MaxCiliumNodeSize)
+	}
+	var f ciliumNodeFile
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("not a CiliumNode: %w", err)
+	}
+	if f.Kind != "" && f.Kind != "CiliumNode" {
+		return nil, fmt.Errorf("kind %q: want a single CiliumNode (kubectl get ciliumnode NODE -o yaml)", f.Kind)
+	}
+	n := &CiliumNode{Name: f.Metadata.Name}
+	if fii := f.Spec.ENI.FirstInterfaceIndex; fii != nil {
+		if *fii < 0 {
+			return nil, fmt.Errorf("spec.eni.first-interface-index: %d is negative", *fii)
+		}
+		n.FirstInterfaceIndex = *fii
+	}
+
+	byID := map[string]*ENI{}
+	byNumber := map[int]string{}
+	for _, key := range slices.Sorted(maps.Keys(f.Status.ENI.ENIs)) {
+		st := f.Status.ENI.ENIs[key]
+		field := fmt.Sprintf("status.eni.enis[%s]", key)
+		e, warnings, err := parseENI(field, key, st)
+		if err != nil {
+			return nil, err
+		}
+		n.Warnings = append(n.Warnings, warnings...)
+		if other, dup := byNumber[e.Number]; dup {
+			a, b := min(other, e.ID), max(other, e.ID)
+			return nil, fmt.Errorf("status.eni.enis: %s and %s both have number %d (they would share route table %d)",
+				a, b, e.Number, e.RouteTable())
+		}
+		byNumber[e.Number] = e.ID
+		if e.Number < n.FirstInterfaceIndex {
+			e.Skipped = fmt.Sprintf("number %d < first-interface-index %d", e.Number, n.FirstInterfaceIndex)
+		}
+		byID[e.ID] = e
+	}
+
+	seen := map[netip.Addr]string{}
+	for _, ipStr := range slices.Sorted(maps.Keys(f.Spec.IPAM.Pool)) {
+		entry := f.Spec.IPAM.Pool[ipStr]
+		field := fmt.Sprintf("spec.ipam.pool[%s]", ipStr)
+		ip, err := netip.ParseAddr(ipStr)
+		if err != nil || ip.Zone() != "" || ip.Is4In6() {
+			return nil, fmt.Errorf("%s: %q is not an IP address", field, ipStr)
+		}
+		if other, dup := seen[ip]; dup {
+			return nil, fmt.Errorf("%s: %s is also listed as %q", field, ip, other)
+		}
+		seen[ip] = ipStr
+		if entry.Resource == "" {
+			return nil, fmt.Errorf("%s.resource: empty: the ENI holding the IP is not known", field)
+		}
+		e, ok := byID[entry.Resource]
+		if !ok {
+			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: ENI %s is not in status.eni.enis: IP not used", field, entry.Resource))
+			continue
+		}
+		if !e.Subnet.Contains(ip) {
+			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: %s is outside the subnet %s of %s", field, ip, e.Subnet, e.ID))
+		}
+		e.Pool = append(e.Pool, ip)
+	}
+
+	for _, e := range byID {
+		slices.SortFunc(e.Pool, netip.Addr.Compare)
+		n.ENIs = append(n.ENIs, e)
+	}
+	slices.SortFunc(n.ENIs, func(a, b *ENI) int {
+		if c := cmp.Compare(a.Number, b.Number); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	slices.Sort(n.Warnings)
+	return n, nil
+}
+
+func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
+	var warnings []string
+	e := &ENI{ID: st.ID}
+	switch {
+	case e.ID == "":
+		e.ID = key
+	case e.ID != key:
+		return nil, nil, fmt.Errorf("%s.id: %q differs from its key %q", field, st.ID, key)
+	}
+	if st.Number == nil {
+		return nil, nil, fmt.Errorf("%s.number: missing", field)
+	}
+	if *st.Number < 0 {
+		return nil, nil, fmt.Errorf("%s.number: %d is negative", field, *st.Number)
+	}
+	e.Number = *st.Number
+
+	mac, err := net.ParseMAC(st.MAC)
+	if err != nil || len(mac) != 6 {
+		return nil, nil, fmt.Errorf("%s.mac: %q is not an Ethernet MAC address", field, st.MAC)
+	}
+	e.MAC = mac.String()
+
+	if st.IP != "" {
+		if e.PrimaryIP, err = netip.ParseAddr(st.IP); err != nil {
+			return nil, nil, fmt.Errorf("%s.ip: %q is not an IP address", field, st.IP)
+		}
+	}
+
+	subnet, err := netip.ParsePrefix(st.Subnet.CIDR)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s.subnet.cidr: %q is not a CIDR (the gateway is its first address)", field, st.Subnet.CIDR)
+	}
+	if subnet.Masked() != subnet {
+		warnings = append(warnings, fmt.Sprintf("%s.subnet.cidr: %s has host bits set: using %s", field, subnet, subnet.Masked()))
+		subnet = subnet.Masked()
+	}
+	gw := subnet.Addr().Next()
+	if !gw.IsValid() || !subnet.Contains(gw) {
+		return nil, nil, fmt.Errorf("%s.subnet.cidr: %s has no first address for the gateway", field, subnet)
+	}
+	e.Subnet, e.Gateway = subnet, gw
+
+	if st.VPC.PrimaryCIDR != "" {
+		p, err := netip.ParsePrefix(st.VPC.PrimaryCIDR)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s.vpc.primary-cidr: %q is not a CIDR", field, st.VPC.PrimaryCIDR)
+		}
+		e.VPCPrimaryCIDR = p.Masked()
+	}
+	for i, s := range st.VPC.CIDRs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s.vpc.cidrs[%d]: %q is not a CIDR", field, i, s)
+		}
+		e.VPCCIDRs = append(e.VPCCIDRs, p.Masked())
+	}
+	return e, warnings, nil
+}

@@ -1,0 +1,166 @@
+package ipam
+
+import (
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseSampleCiliumNode(t *testing.T) {
+	n, err := ReadCiliumNodeFile("../test/testdata/samples/ciliumnode.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Name != "ip-10-130-0-10.ec2.internal" || n.FirstInterfaceIndex != 1 || len(n.ENIs) != 3 || len(n.Warnings) != 0 {
+		t.Fatalf("parsed %+v", n)
+	}
+	var rows []string
+	for _, e := range n.ENIs {
+		rows = append(rows, strings.Join(e.TableRow(), " "))
+	}
+	want := []string{
+		"eni-0a1b2c3d4e5f00000 0 10 0a:58:0a:82:00:0a 10.130.0.0/20 10.130.0.1 10.128.0.0/13,100.112.0.0/13 0 Skipped: number 0 < first-interface-index 1",
+		"eni-0a1b2c3d4e5f00001 1 11 0a:58:0a:82:64:0a 10.130.96.0/20 10.130.96.1 10.128.0.0/13,100.112.0.0/13 3 Usable",
+		"eni-0a1b2c3d4e5f00002 2 12 0a:58:0a:82:70:0a 10.130.112.0/20 10.130.112.1 10.128.0.0/13,100.112.0.0/13 2 Usable",
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("ENIs:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+	if got := n.Summary(); got != "CiliumNode ip-10-130-0-10.ec2.internal: 3 ENIs (2 usable, first-interface-index 1), 5 pool IPs" {
+		t.Errorf("summary %q", got)
+	}
+}
+
+const minimalNode = `
+spec:
+  ipam:
+    pool:
+      10.0.1.5: {resource: eni-1}
+status:
+  eni:
+    enis:
+      eni-1: {id: eni-1, mac: "0A:58:0A:82:64:0A", number: 0, subnet: {cidr: 10.0.0.0/20}, vpc: {primary-cidr: 10.0.0.0/16}}
+`
+
+func TestParseCiliumNodeFields(t *testing.T) {
+	n, err := ParseCiliumNode("node", []byte(minimalNode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := n.ENIs[0]
+	if e.MAC != "0a:58:0a:82:64:0a" || e.Gateway != netip.MustParseAddr("10.0.0.1") || !e.Usable() || e.RouteTable() != 10 ||
+		!slices.Equal(e.Pool, []netip.Addr{netip.MustParseAddr("10.0.1.5")}) {
+		t.Errorf("ENI %+v", e)
+	}
+
+	// JSON works too, and first-interface-index skips ENIs below it.
+	n, err = ParseCiliumNode("node", []byte(`{"spec":{"eni":{"first-interface-index":1},"ipam":{"pool":{"10.0.1.5":{"resource":"eni-1"}}}},
+		"status":{"eni":{"enis":{"eni-1":{"mac":"0a:58:0a:82:64:0a","number":0,"subnet":{"cidr":"10.0.0.0/20"}}}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.ENIs[0].Usable() || n.PoolSize() != 0 {
+		t.Errorf("ENI 0 with first-interface-index 1: %+v", n.ENIs[0])
+	}
+
+	// Warnings: a pool IP of an unknown ENI, host bits in a subnet.
+	n, err = ParseCiliumNode("node", []byte(strings.NewReplacer(
+		"10.0.0.0/20", "10.0.0.7/20", "10.0.1.5: {resource: eni-1}", "10.0.1.5: {resource: eni-1}\n      10.0.1.6: {resource: eni-9}",
+	).Replace(minimalNode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Warnings) != 2 || !strings.Contains(n.Warnings[0], "eni-9") || !strings.Contains(n.Warnings[1], "host bits") {
+		t.Errorf("warnings %q", n.Warnings)
+	}
+}
+
+func TestParseCiliumNodeErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, old, new, want string
+	}{
+		{"empty", minimalNode, "", "file is empty"},
+		{"not yaml", minimalNode, "spec: [", "not a CiliumNode"},
+		{"wrong type", "number: 0", "number: zero", "number"},
+		{"list", "spec:", "kind: List\nspec:", `kind "List"`},
+		{"bad mac", `"0A:58:0A:82:64:0A"`, `"0A:58"`, `status.eni.enis[eni-1].mac: "0A:58" is not an Ethernet MAC address`},
+		{"no number", "number: 0, ", "", "status.eni.enis[eni-1].number: missing"},
+		{"negative number", "number: 0", "number: -1", "is negative"},
+		{"bad subnet", "cidr: 10.0.0.0/20", "cidr: 10.0.0.0/33", "status.eni.enis[eni-1].subnet.cidr"},
+		{"no subnet", "subnet: {cidr: 10.0.0.0/20}, ", "", "subnet.cidr"},
+		{"bad vpc", "primary-cidr: 10.0.0.0/16", "primary-cidr: x", "vpc.primary-cidr"},
+		{"id differs", "{id: eni-1,", "{id: eni-2,", `differs from its key`},
+		{"bad pool ip", "10.0.1.5: {", "10.0.1.500: {", `spec.ipam.pool[10.0.1.500]: "10.0.1.500" is not an IP address`},
+		{"no resource", "{resource: eni-1}", "{}", "spec.ipam.pool[10.0.1.5].resource: empty"},
+		{"negative first index", "spec:", "spec:\n  eni: {first-interface-index: -1}", "first-interface-index: -1 is negative"},
+		{"same number", "      eni-1:", "      eni-0: {mac: \"0a:58:0a:82:64:0b\", number: 0, subnet: {cidr: 10.0.16.0/20}}\n      eni-1:", "eni-0 and eni-1 both have number 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := strings.Replace(minimalNode, tc.old, tc.new, 1)
+			if in == minimalNode {
+				t.Fatalf("test case does not change the input")
+			}
+			_, err := ParseCiliumNode("node.yaml", []byte(in))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", in)
+			}
+			if !strings.HasPrefix(err.Error(), "node.yaml: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to name the file and contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseCiliumNode: no input panics, and an accepted CiliumNode is
+// consistent: ENIs sorted by number with distinct numbers and MACs parsed,
+// each pool IP on exactly one ENI, gateways inside their subnets, skipped
+// ENIs exactly those below first-interface-index, and parsing is
+// deterministic.
+func FuzzParseCiliumNode(f *testing.F) {
+	sample, err := os.ReadFile("../test/testdata/samples/ciliumnode.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range []string{
+		string(sample), minimalNode, "", "kind: CiliumNode", "status: {eni: {enis: {a: {number: 1}}}}",
+		`{"spec":{"ipam":{"pool":{"::1":{"resource":"e"}}}},"status":{"eni":{"enis":{"e":{"mac":"02:00:00:00:00:01","number":3,"subnet":{"cidr":"::/127"}}}}}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		n, err := ParseCiliumNode("fuzz", data)
+		if err != nil {
+			return
+		}
+		again, err := ParseCiliumNode("fuzz", data)
+		if err != nil || len(again.ENIs) != len(n.ENIs) || !slices.Equal(again.Warnings, n.Warnings) {
+			t.Fatalf("not deterministic: %v", err)
+		}
+		seenIP := map[netip.Addr]bool{}
+		for i, e := range n.ENIs {
+			if !e.Equal(again.ENIs[i]) {
+				t.Fatalf("not deterministic: %+v vs %+v", e, again.ENIs[i])
+			}
+			if i > 0 && n.ENIs[i-1].Number >= e.Number {
+				t.Fatalf("ENIs not sorted by distinct number: %d then %d", n.ENIs[i-1].Number, e.Number)
+			}
+			if !e.Subnet.Contains(e.Gateway) || e.Subnet.Masked() != e.Subnet {
+				t.Fatalf("gateway %s outside subnet %s", e.Gateway, e.Subnet)
+			}
+			if (e.Number < n.FirstInterfaceIndex) == e.Usable() {
+				t.Fatalf("ENI %d usable=%t with first-interface-index %d", e.Number, e.Usable(), n.FirstInterfaceIndex)
+			}
+			if !slices.IsSortedFunc(e.Pool, netip.Addr.Compare) {
+				t.Fatalf("pool not sorted: %v", e.Pool)
+			}
+			for _, ip := range e.Pool {
+				if seenIP[ip] {
+					t.Fatalf("%s on two ENIs", ip)
+				}
+				seenIP[ip] = true
+			}
+		}
+	})
+}

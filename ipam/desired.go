@@ -1,0 +1,156 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/ipmasq"
+)
+
+// desiredJob keeps eni-rules and eni-routes equal to ComputeDesired of the
+// allocations, the ENIs and the non-masquerade CIDRs. Each round recomputes
+// the whole desired state (cheap: thousands of rows) and writes only the
+// rows that differ, so a change touches only what it changes: a new
+// non-masquerade CIDR inserts one rule per pod and leaves every other row,
+// and so the kernel, alone.
+type desiredJob struct {
+	log      *slog.Logger
+	db       *statedb.DB
+	allocs   statedb.Table[*Allocation]
+	enis     statedb.Table[*ENI]
+	cidrs    statedb.Table[*ipmasq.CIDR]
+	rules    statedb.RWTable[*Rule]
+	routes   statedb.RWTable[*Route]
+	settings Settings
+
+	rulesInit, routesInit func(statedb.WriteTxn)
+}
+
+func (d *desiredJob) run(ctx context.Context, health cell.Health) error {
+	for {
+		rtxn := d.db.ReadTxn()
+
+		// Nothing is written before every input is loaded: a restart does
+		// not churn the kernel with rules computed from a partial state.
+		if waitFor := d.uninitialized(rtxn); waitFor != nil {
+			health.OK("waiting for the CiliumNode, the checkpoint and the ip-masq-agent CIDRs")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-waitFor:
+				continue
+			}
+		}
+
+		allocsIter, allocsWatch := d.allocs.AllWatch(rtxn)
+		enisIter, enisWatch := d.enis.AllWatch(rtxn)
+		cidrsIter, cidrsWatch := d.cidrs.AllWatch(rtxn)
+		var nonMasq []netip.Prefix
+		for c := range cidrsIter {
+			nonMasq = append(nonMasq, c.Prefix)
+		}
+		desired := ComputeDesired(statedb.Collect(allocsIter), NewPool(statedb.Collect(enisIter)), nonMasq, d.settings)
+
+		wtxn := d.db.WriteTxn(d.rules, d.routes)
+		nRules := DiffRules(wtxn, d.rules, desired.Rules)
+		nRoutes := DiffRoutes(wtxn, d.routes, desired.Routes)
+		if d.rulesInit != nil {
+			d.rulesInit(wtxn)
+			d.routesInit(wtxn)
+			d.rulesInit, d.routesInit = nil, nil
+		}
+		wtxn.Commit()
+		if nRules+nRoutes > 0 {
+			d.log.Debug("Desired ip rules and routes changed", "rules-changed", nRules, "routes-changed", nRoutes,
+				"rules", len(desired.Rules), "routes", len(desired.Routes))
+		}
+		health.OK(fmt.Sprintf("%d rules and %d routes desired", len(desired.Rules), len(desired.Routes)))
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-allocsWatch:
+		case <-enisWatch:
+		case <-cidrsWatch:
+		}
+	}
+}
+
+// uninitialized returns a channel closed when the next uninitialized input
+// is initialized, or nil when all are.
+func (d *desiredJob) uninitialized(txn statedb.ReadTxn) <-chan struct{} {
+	for _, init := range []func(statedb.ReadTxn) (bool, <-chan struct{}){
+		d.enis.Initialized, d.allocs.Initialized, d.cidrs.Initialized,
+	} {
+		if ok, ch := init(txn); !ok {
+			return ch
+		}
+	}
+	return nil
+}
+
+// DiffRules makes table hold exactly the desired rules, touching only the
+// rows that differ (compared without their status). New and changed rows
+// are inserted Pending. It returns the number of rows written or deleted.
+func DiffRules(wtxn statedb.WriteTxn, table statedb.RWTable[*Rule], desired []*Rule) int {
+	want := make(map[RuleKey]struct{}, len(desired))
+	for _, r := range desired {
+		want[r.RuleKey] = struct{}{}
+	}
+	var stale []*Rule
+	for old := range table.All(wtxn) {
+		if _, ok := want[old.RuleKey]; !ok {
+			stale = append(stale, old)
+		}
+	}
+	changed := len(stale)
+	for _, old := range stale {
+		table.Delete(wtxn, old)
+	}
+	for _, r := range desired {
+		old, _, found := table.Get(wtxn, RuleKeyIndex.Query(r.RuleKey))
+		if found && old.sameDesired(r) {
+			continue
+		}
+		row := r.Clone()
+		row.Status = reconciler.StatusPending()
+		table.Insert(wtxn, row)
+		changed++
+	}
+	return changed
+}
+
+// DiffRoutes is DiffRules for routes.
+func DiffRoutes(wtxn statedb.WriteTxn, table statedb.RWTable[*Route], desired []*Route) int {
+	want := make(map[RouteKey]struct{}, len(desired))
+	for _, r := range desired {
+		want[r.RouteKey] = struct{}{}
+	}
+	var stale []*Route
+	for old := range table.All(wtxn) {
+		if _, ok := want[old.RouteKey]; !ok {
+			stale = append(stale, old)
+		}
+	}
+	changed := len(stale)
+	for _, old := range stale {
+		table.Delete(wtxn, old)
+	}
+	for _, r := range desired {
+		old, _, found := table.Get(wtxn, RouteKeyIndex.Query(r.RouteKey))
+		if found && old.sameDesired(r) {
+			continue
+		}
+		row := r.Clone()
+		row.Status = reconciler.StatusPending()
+		table.Insert(wtxn, row)
+		changed++
+	}
+	return changed
+}

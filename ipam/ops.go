@@ -1,0 +1,339 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// RTProto is the netlink protocol number enimasq's ip rules and routes
+// carry (`ip rule` shows "proto 237"). Pruning deletes only rules and routes
+// with this number, so rules of aws-node, Cilium (proto kernel), an operator
+// (proto boot/static) or routing daemons are never touched.
+//
+// 237 is not named in /etc/iproute2/rt_protos, not an RTPROT_* value of the
+// kernel (those end at 192, eigrp), above RTPROT_STATIC (so the kernel does
+// not interpret it), and not used by the CNIs found on EKS nodes (Cilium 2,
+// Calico 80, aws-node 3/unspec). Documentation/eni-ipam.md shows how to
+// name it in /etc/iproute2/rt_protos.d.
+const RTProto = 237
+
+// Netlink is the part of *netlink.Handle the reconcilers use. A
+// *netlink.Handle implements it; tests wrap one to count operations.
+type Netlink interface {
+	RuleAdd(*netlink.Rule) error
+	RuleDel(*netlink.Rule) error
+	RuleList(family int) ([]netlink.Rule, error)
+	RouteReplace(*netlink.Route) error
+	RouteDel(*netlink.Route) error
+	RouteListFiltered(family int, filter *netlink.Route, filterMask uint64) ([]netlink.Route, error)
+	LinkList() ([]netlink.Link, error)
+}
+
+var _ Netlink = (*netlink.Handle)(nil)
+
+// NetlinkTarget makes the cell program another network namespace than the
+// process's own: tests and benchmarks provide it with a handle created by
+// netlink.NewHandleAt on a fresh namespace. An agent does not provide it.
+type NetlinkTarget struct {
+	Handle Netlink
+}
+
+// nlHandle is the handle the cell's operations and script commands use.
+type nlHandle struct {
+	Netlink
+	families []int
+}
+
+type netlinkParams struct {
+	cell.In
+
+	Lifecycle cell.Lifecycle
+	Settings  Settings
+	Target    *NetlinkTarget `optional:"true"`
+}
+
+// newNetlink opens a netlink handle on the process's network namespace
+// (/proc/self/ns/net: the namespace of the process, whatever thread runs
+// this), unless a NetlinkTarget is provided.
+func newNetlink(p netlinkParams) (*nlHandle, error) {
+	var fams []int
+	if p.Settings.EnableIPv4 {
+		fams = append(fams, unix.AF_INET)
+	}
+	if p.Settings.EnableIPv6 {
+		fams = append(fams, unix.AF_INET6)
+	}
+	if p.Target != nil {
+		return &nlHandle{Netlink: p.Target.Handle, families: fams}, nil
+	}
+	ns, err := netns.GetFromPath("/proc/self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("network namespace of the agent: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { h.Close(); return nil }})
+	return &nlHandle{Netlink: h, families: fams}, nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func fromIPNet(n *net.IPNet) netip.Prefix {
+	if n == nil {
+		return netip.Prefix{}
+	}
+	addr, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(addr.Unmap(), ones)
+}
+
+func isGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH)
+}
+
+// listAll retries a dump the kernel interrupted (a concurrent change).
+func listAll[T any](list func() ([]T, error)) ([]T, error) {
+	var err error
+	for range 5 {
+		var out []T
+		out, err = list()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	return nil, err
+}
+
+// netlinkRule is the kernel rule of a key: only priority, selectors, table
+// and protocol are set.
+func netlinkRule(k RuleKey, family int) *netlink.Rule {
+	r := netlink.NewRule()
+	r.Priority = k.Priority
+	r.Family = family
+	r.Table = k.Table
+	r.Protocol = RTProto
+	if k.From.IsValid() {
+		r.Src = ipNet(k.From)
+	}
+	if k.To.IsValid() {
+		r.Dst = ipNet(k.To)
+	}
+	return r
+}
+
+// ruleKeyOf is the key of a kernel rule, and whether the rule has nothing
+// else (a rule with a mark or an interface is never one of ours in shape).
+func ruleKeyOf(r *netlink.Rule) (RuleKey, bool) {
+	k := RuleKey{Priority: r.Priority, From: fromIPNet(r.Src), To: fromIPNet(r.Dst), Table: r.Table}
+	if k.From.IsValid() && k.From.Bits() == 0 {
+		k.From = netip.Prefix{}
+	}
+	if k.To.IsValid() && k.To.Bits() == 0 {
+		k.To = netip.Prefix{}
+	}
+	plain := r.Mark == 0 && r.Mask == nil && r.Tos == 0 && r.TunID == 0 && r.Goto < 0 && r.Flow <= 0 &&
+		r.IifName == "" && r.OifName == "" && !r.Invert && r.Dport == nil && r.Sport == nil &&
+		r.IPProto == 0 && r.UIDRange == nil && r.SuppressIfgroup <= 0 && r.SuppressPrefixlen <= 0
+	return k, plain
+}
+
+// ListRules returns the kernel's rules with enimasq's protocol, sorted by
+// priority (the kernel's order within a priority is kept).
+func ListRules(nl Netlink, families []int) ([]netlink.Rule, error) {
+	var out []netlink.Rule
+	for _, fam := range families {
+		rules, err := listAll(func() ([]netlink.Rule, error) { return nl.RuleList(fam) })
+		if err != nil {
+			return nil, fmt.Errorf("ip rule list: %w", err)
+		}
+		for _, r := range rules {
+			if r.Protocol == RTProto {
+				out = append(out, r)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b netlink.Rule) int { return a.Priority - b.Priority })
+	return out, nil
+}
+
+// ruleOps reconciles eni-rules with ip rules.
+type ruleOps struct {
+	nl *nlHandle
+}
+
+func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
+	err := o.nl.RuleAdd(netlinkRule(r.RuleKey, r.Family()))
+	if err == nil || errors.Is(err, unix.EEXIST) {
+		// EEXIST: the identical rule (same protocol) is in place.
+		return nil
+	}
+	return fmt.Errorf("ip rule add %q: %w", r.IPRule(), err)
+}
+
+func (o *ruleOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
+	err := o.nl.RuleDel(netlinkRule(r.RuleKey, r.Family()))
+	if err == nil || isGone(err) {
+		return nil
+	}
+	return fmt.Errorf("ip rule del %q: %w", r.IPRule(), err)
+}
+
+// Prune deletes the kernel rules with enimasq's protocol that no row
+// desires. Rules with any other protocol are never looked at twice.
+func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Rule, statedb.Revision]) error {
+	desired := map[RuleKey]bool{}
+	for r := range objects {
+		desired[r.RuleKey] = true
+	}
+	rules, err := ListRules(o.nl, o.nl.families)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range rules {
+		r := &rules[i]
+		if k, plain := ruleKeyOf(r); plain && desired[k] {
+			continue
+		}
+		if err := o.nl.RuleDel(r); err != nil && !isGone(err) {
+			errs = append(errs, fmt.Errorf("prune %s proto %d: %w", r, r.Protocol, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// routeOps reconciles eni-routes with the routes of the ENI tables.
+type routeOps struct {
+	nl *nlHandle
+}
+
+// linkByMAC finds the ENI's link. Links are listed every time: an ENI
+// attached later (or re-attached with another index) is found.
+func (o *routeOps) linkByMAC(mac string) (netlink.Link, error) {
+	links, err := listAll(o.nl.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("ip link list: %w", err)
+	}
+	for _, l := range links {
+		if l.Attrs().HardwareAddr.String() == mac {
+			return l, nil
+		}
+	}
+	return nil, fmt.Errorf("no link with MAC %s", mac)
+}
+
+func (o *routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
+	link, err := o.linkByMAC(r.MAC)
+	if err != nil {
+		return fmt.Errorf("ENI %s: %w (is the ENI attached?)", r.ENI, err)
+	}
+	nr := &netlink.Route{
+		Family:    r.Family(),
+		Table:     r.Table,
+		Dst:       ipNet(r.Dst),
+		LinkIndex: link.Attrs().Index,
+		Protocol:  RTProto,
+		Scope:     netlink.SCOPE_UNIVERSE,
+	}
+	if r.Gateway.IsValid() {
+		nr.Gw = r.Gateway.AsSlice()
+	} else {
+		nr.Scope = netlink.SCOPE_LINK
+	}
+	if err := o.nl.RouteReplace(nr); err != nil {
+		return fmt.Errorf("ip route replace %s dev %s table %d: %w", routeDst(r.Dst), link.Attrs().Name, r.Table, err)
+	}
+	return nil
+}
+
+// deleteRoute deletes the route of the key with enimasq's protocol, in any
+// scope and on any link.
+func (o *routeOps) deleteRoute(k RouteKey) error {
+	err := o.nl.RouteDel(&netlink.Route{
+		Family:   addrFamily(k.Dst.Addr()),
+		Table:    k.Table,
+		Dst:      ipNet(k.Dst),
+		Protocol: RTProto,
+		Scope:    netlink.SCOPE_NOWHERE,
+	})
+	if err == nil || isGone(err) {
+		return nil
+	}
+	return fmt.Errorf("ip route del %s table %d proto %d: %w", routeDst(k.Dst), k.Table, RTProto, err)
+}
+
+func (o *routeOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
+	return o.deleteRoute(r.RouteKey)
+}
+
+// ListRoutes returns the kernel's routes with enimasq's protocol, in every
+// table.
+func ListRoutes(nl Netlink, families []int) ([]netlink.Route, error) {
+	var out []netlink.Route
+	for _, fam := range families {
+		routes, err := listAll(func() ([]netlink.Route, error) {
+			return nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: RTProto},
+				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ip route list: %w", err)
+		}
+		out = append(out, routes...)
+	}
+	return out, nil
+}
+
+func routeKeyOf(r *netlink.Route) RouteKey {
+	dst := fromIPNet(r.Dst)
+	if !dst.IsValid() {
+		// The default route has no RTA_DST.
+		if r.Family == unix.AF_INET6 {
+			dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		} else {
+			dst = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		}
+	}
+	return RouteKey{Table: r.Table, Dst: dst}
+}
+
+// Prune deletes the routes with enimasq's protocol that no row desires.
+func (o *routeOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Route, statedb.Revision]) error {
+	desired := map[RouteKey]bool{}
+	for r := range objects {
+		desired[r.RouteKey] = true
+	}
+	routes, err := ListRoutes(o.nl, o.nl.families)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range routes {
+		k := routeKeyOf(&routes[i])
+		if desired[k] {
+			continue
+		}
+		if err := o.deleteRoute(k); err != nil {
+			errs = append(errs, fmt.Errorf("prune: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,224 @@
+package ipam
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
+)
+
+// KernelRules prints the kernel's rules with enimasq's protocol, one a line
+// in `ip rule` format (without "proto"), sorted by priority, source,
+// destination and table. A rule of enimasq's protocol with other selectors
+// is printed with "(other selectors)".
+func KernelRules(nl Netlink, families []int) (string, error) {
+	rules, err := ListRules(nl, families)
+	if err != nil {
+		return "", err
+	}
+	type line struct {
+		k    RuleKey
+		text string
+	}
+	lines := make([]line, 0, len(rules))
+	for i := range rules {
+		k, plain := ruleKeyOf(&rules[i])
+		text := formatRule(k)
+		if !plain {
+			text += " (other selectors)"
+		}
+		lines = append(lines, line{k, text})
+	}
+	slices.SortStableFunc(lines, func(a, b line) int {
+		if c := cmp.Compare(a.k.Priority, b.k.Priority); c != 0 {
+			return c
+		}
+		if c := comparePrefix(a.k.From, b.k.From); c != 0 {
+			return c
+		}
+		if c := comparePrefix(a.k.To, b.k.To); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.k.Table, b.k.Table)
+	})
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l.text)
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}
+
+// KernelRoutes prints the kernel's routes with enimasq's protocol, one a
+// line: "table 11: default via 10.130.96.1 dev eni1", sorted by table and
+// destination.
+func KernelRoutes(nl Netlink, families []int) (string, error) {
+	routes, err := ListRoutes(nl, families)
+	if err != nil {
+		return "", err
+	}
+	links, err := listAll(nl.LinkList)
+	if err != nil {
+		return "", err
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	slices.SortFunc(routes, func(a, b netlink.Route) int {
+		if c := cmp.Compare(a.Table, b.Table); c != 0 {
+			return c
+		}
+		return comparePrefix(routeKeyOf(&a).Dst, routeKeyOf(&b).Dst)
+	})
+	var b strings.Builder
+	for i := range routes {
+		r := &routes[i]
+		fmt.Fprintf(&b, "table %d: %s", r.Table, routeDst(routeKeyOf(r).Dst))
+		if r.Gw != nil {
+			fmt.Fprintf(&b, " via %s", r.Gw)
+		}
+		if name, ok := names[r.LinkIndex]; ok {
+			fmt.Fprintf(&b, " dev %s", name)
+		}
+		if r.Scope == netlink.SCOPE_LINK {
+			b.WriteString(" scope link")
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}
+
+// waitCmp polls list every 10ms until it prints the file's content.
+func waitCmp(s *script.State, what, file string, list func() (string, error)) error {
+	timeout, err := s.Flags.GetDuration("timeout")
+	if err != nil {
+		return err
+	}
+	want, err := os.ReadFile(s.Path(file))
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := list()
+		if err != nil {
+			return err
+		}
+		if got == string(want) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s do not match %s:\n%s", what, file, got)
+		}
+		select {
+		case <-s.Context().Done():
+			return s.Context().Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func timeoutFlag(fs *pflag.FlagSet) {
+	fs.Duration("timeout", 5*time.Second, "How long to wait for the kernel state to match")
+}
+
+// scriptCommands are the cell's shell and script-test commands: the kernel
+// state (not the tables) and the allocator.
+func scriptCommands(nl *nlHandle, alloc *Allocator) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"ipam/rules": script.Command(
+			script.CmdUsage{Summary: "List the kernel's ip rules with enimasq's protocol (" + fmt.Sprint(RTProto) + ")"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return func(*script.State) (string, string, error) {
+					out, err := KernelRules(nl, nl.families)
+					return out, "", err
+				}, nil
+			}),
+		"ipam/rules-cmp": script.Command(
+			script.CmdUsage{
+				Summary: "Wait until the kernel's ip rules with enimasq's protocol list as the file says",
+				Args:    "file",
+				Flags:   timeoutFlag,
+				Detail:  []string{"The file has the format of ipam/rules."},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				return nil, waitCmp(s, "ip rules", args[0], func() (string, error) { return KernelRules(nl, nl.families) })
+			}),
+		"ipam/routes": script.Command(
+			script.CmdUsage{Summary: "List the kernel's routes with enimasq's protocol, in every table"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return func(*script.State) (string, string, error) {
+					out, err := KernelRoutes(nl, nl.families)
+					return out, "", err
+				}, nil
+			}),
+		"ipam/routes-cmp": script.Command(
+			script.CmdUsage{
+				Summary: "Wait until the kernel's routes with enimasq's protocol list as the file says",
+				Args:    "file",
+				Flags:   timeoutFlag,
+				Detail:  []string{"The file has the format of ipam/routes."},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				return nil, waitCmp(s, "routes", args[0], func() (string, error) { return KernelRoutes(nl, nl.families) })
+			}),
+		"ipam/allocate": script.Command(
+			script.CmdUsage{
+				Summary: "Allocate an IP for a pod and print the result (an error goes to stderr too)",
+				Args:    "namespace/pod",
+				Flags: func(fs *pflag.FlagSet) {
+					fs.String("ip", "", "Ask for this IP")
+					fs.String("family", "", "ipv4 (default) or ipv6")
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				ip, _ := s.Flags.GetString("ip")
+				family, _ := s.Flags.GetString("family")
+				return func(*script.State) (string, string, error) {
+					result, _, err := alloc.Allocate(Request{Owner: args[0], Family: family, IP: ip})
+					if err != nil {
+						return "", err.Error() + "\n", err
+					}
+					out, err := json.MarshalIndent(result, "", "  ")
+					return string(out) + "\n", "", err
+				}, nil
+			}),
+		"ipam/release": script.Command(
+			script.CmdUsage{Summary: "Release an allocated IP (an error goes to stderr too)", Args: "ip"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				ip, err := netip.ParseAddr(args[0])
+				if err != nil {
+					return nil, err
+				}
+				return func(*script.State) (string, string, error) {
+					held, err := alloc.Release(ip)
+					if err != nil {
+						return "", err.Error() + "\n", err
+					}
+					return fmt.Sprintf("released %s (%s)\n", held.IP, held.Owner), "", nil
+				}, nil
+			}),
+	})
+}

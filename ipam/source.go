@@ -1,0 +1,224 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/fsnotify/fsnotify"
+)
+
+// debounce groups the burst of events of one update (a ConfigMap's symlink
+// swap, an editor's write-and-rename) into one read.
+const debounce = 50 * time.Millisecond
+
+// ReadCiliumNodeFile reads and parses the CiliumNode file. A missing file
+// gives an error wrapping fs.ErrNotExist.
+func ReadCiliumNodeFile(path string) (*CiliumNode, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxCiliumNodeSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ParseCiliumNode(path, data)
+}
+
+// source keeps the enis table in step with the CiliumNode file.
+//
+// Unlike the ip-masq-agent file, a missing CiliumNode has no defaults: until
+// the file is first read the table stays uninitialized (nothing is pruned,
+// allocation answers "not ready"), and once read, a file that disappears or
+// goes bad leaves the last ENIs in force.
+type source struct {
+	path     string
+	resync   time.Duration
+	log      *slog.Logger
+	db       *statedb.DB
+	table    statedb.RWTable[*ENI]
+	initDone func(statedb.WriteTxn) // nil once the table is initialized
+
+	lastErr      string
+	lastWarnings string
+	lastSummary  string
+}
+
+func (s *source) run(ctx context.Context, health cell.Health) error {
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("fsnotify: %w", err)
+	}
+	defer watcher.Close()
+
+	dir := filepath.Dir(s.path)
+	watched := ""
+	rewatch := func() {
+		target := nearestExistingDir(dir)
+		if target == watched {
+			return
+		}
+		if watched != "" {
+			watcher.Remove(watched) // fails when it was deleted: fine
+		}
+		watched = ""
+		if err := watcher.Add(target); err != nil {
+			s.log.Warn("Cannot watch the CiliumNode directory; relying on the periodic re-read", "path", target, "error", err)
+			return
+		}
+		watched = target
+	}
+
+	// Watch first, then read: an update between the two is not lost.
+	rewatch()
+	s.reload(health)
+
+	resync := time.NewTicker(s.resync)
+	defer resync.Stop()
+	settle := time.NewTimer(debounce)
+	settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				watched = ""
+			}
+			settle.Reset(debounce)
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			s.log.Warn("fsnotify error; re-reading the CiliumNode", "error", err)
+			settle.Reset(debounce)
+		case <-settle.C:
+			rewatch()
+			s.reload(health)
+		case <-resync.C:
+			rewatch()
+			s.reload(health)
+		}
+	}
+}
+
+func nearestExistingDir(dir string) string {
+	for {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
+
+func (s *source) reload(health cell.Health) {
+	n, err := ReadCiliumNodeFile(s.path)
+	if err != nil {
+		s.fail(health, err)
+		return
+	}
+	if s.lastErr != "" && s.initDone == nil {
+		s.log.Info("CiliumNode file is valid again", "path", s.path)
+	}
+	s.lastErr = ""
+	if w := strings.Join(n.Warnings, "\n"); w != s.lastWarnings {
+		s.lastWarnings = w
+		for _, warning := range n.Warnings {
+			s.log.Warn("CiliumNode", "path", s.path, "warning", warning)
+		}
+	}
+	wtxn := s.db.WriteTxn(s.table)
+	changed := DiffENIs(wtxn, s.table, n.ENIs)
+	if s.initDone != nil {
+		s.initDone(wtxn)
+		s.initDone = nil
+	}
+	wtxn.Commit()
+	summary := n.Summary()
+	if changed > 0 || summary != s.lastSummary {
+		s.log.Info("Applied CiliumNode", "path", s.path, "summary", summary, "rows-changed", changed)
+		s.lastSummary = summary
+	}
+	health.OK(summary)
+}
+
+func (s *source) fail(health cell.Health, err error) {
+	if msg := err.Error(); msg != s.lastErr {
+		s.lastErr = msg
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && s.initDone != nil:
+			s.log.Info("CiliumNode file does not exist yet: no ENIs, no allocations until it does", "path", s.path)
+		case errors.Is(err, fs.ErrNotExist):
+			s.log.Error("CiliumNode file disappeared: keeping the last ENIs", "path", s.path)
+		case s.initDone != nil:
+			s.log.Error("Invalid CiliumNode: no ENIs until it is fixed", "error", err)
+		default:
+			s.log.Error("Invalid CiliumNode: keeping the last ENIs", "error", err)
+		}
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && s.initDone != nil:
+		// Not an error of the agent: the node may not have ENIs yet, or the
+		// agent runs without ENI IPAM in use.
+		health.OK(fmt.Sprintf("waiting for the CiliumNode file %s", s.path))
+	case errors.Is(err, fs.ErrNotExist):
+		health.Degraded("CiliumNode file disappeared, keeping the last ENIs", err)
+	case s.initDone != nil:
+		health.Degraded("invalid CiliumNode, no ENIs yet", err)
+	default:
+		health.Degraded("invalid CiliumNode, keeping the last ENIs", err)
+	}
+}
+
+// DiffENIs makes table hold exactly enis, touching only the rows that
+// differ. It returns the number of rows inserted, changed or deleted.
+func DiffENIs(wtxn statedb.WriteTxn, table statedb.RWTable[*ENI], enis []*ENI) int {
+	want := make(map[string]*ENI, len(enis))
+	for _, e := range enis {
+		want[e.ID] = e
+	}
+	var stale []*ENI
+	for old := range table.All(wtxn) {
+		if _, ok := want[old.ID]; !ok {
+			stale = append(stale, old)
+		}
+	}
+	changed := len(stale)
+	for _, old := range stale {
+		table.Delete(wtxn, old)
+	}
+	for _, e := range enis {
+		old, _, found := table.Get(wtxn, ENIIDIndex.Query(e.ID))
+		if found && old.Equal(e) {
+			continue
+		}
+		table.Insert(wtxn, e)
+		changed++
+	}
+	return changed
+}
