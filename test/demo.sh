@@ -112,13 +112,9 @@ wait_for not_in_map 172.16.0.0/12
 maps
 
 step "ENI IPAM: three pods created with the CNI plugin (enimasq-cni, driven by cnitool)"
-cat >"$work/cni/10-enimasq.conflist" <<CONF
-{
-  "cniVersion": "1.1.0",
-  "name": "enimasq",
-  "plugins": [{"type": "enimasq-cni", "agentSocket": "$work/state/enimasq.sock"}]
-}
-CONF
+# The example network configuration of Documentation/cni.md, on this agent's socket.
+sed -e "s|/var/run/enimasq/enimasq.sock|$work/state/enimasq.sock|" \
+	"$here/Documentation/examples/10-enimasq.conflist" >"$work/cni/10-enimasq.conflist"
 cnitool() {
 	CNI_PATH="$bin" NETCONFPATH="$work/cni" CNI_CONTAINERID="$2" \
 		CNI_ARGS="K8S_POD_NAMESPACE=shop;K8S_POD_NAME=$2" "$bin/cnitool" "$1" enimasq "$3"
