@@ -176,20 +176,25 @@ func UnmarshalKey(f Family, b []byte) (netip.Prefix, error) {
 // describeKey renders kernel key bytes for error messages: the prefix when
 // the key has the size of an address key, hex otherwise.
 func describeKey(key []byte) string {
-	var f Family
 	switch len(key) {
-	case KeySizeV4:
-		f = IPv4
-	case KeySizeV6:
-		f = IPv6
-	default:
-		return hex.EncodeToString(key)
+	case KeySizeV4, KeySizeV6:
+		f := IPv4
+		if len(key) == KeySizeV6 {
+			f = IPv6
+		}
+		if p, err := UnmarshalKey(f, key); err == nil {
+			return p.String()
+		}
+	case PolicyKeySizeV4, PolicyKeySizeV6:
+		f := IPv4
+		if len(key) == PolicyKeySizeV6 {
+			f = IPv6
+		}
+		if pod, peer, err := UnmarshalPolicyKey(f, key); err == nil {
+			return fmt.Sprintf("pod %s peer %s", pod, peer)
+		}
 	}
-	p, err := UnmarshalKey(f, key)
-	if err != nil {
-		return hex.EncodeToString(key)
-	}
-	return p.String()
+	return hex.EncodeToString(key)
 }
 
 // canonicalizeLPMKey clears the data bits of an LPM key past its prefix

@@ -19,7 +19,7 @@ import (
 
 // featureTables are the tables the feature cells register; each feature
 // issue adds its own.
-var featureTables = []string{"ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes"}
+var featureTables = []string{"ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries"}
 
 // TestFeaturesEmbedInAForeignHive builds the feature cells into a hive the way
 // a Cilium-based agent would: its own statedb, jobs and health, a job.Group

@@ -64,13 +64,24 @@ type source struct {
 // run watches the config directory (or, while it is missing, its nearest
 // existing ancestor) and re-reads the file on events and every resync.
 func (s *source) run(ctx context.Context, health cell.Health) error {
+	return WatchDir(ctx, s.log, filepath.Dir(s.path), s.resync, func() { s.reload(health) })
+}
+
+// WatchDir calls reload once at start, then after every burst of changes in
+// dir (debounced) and every resync period, until ctx is done. While dir is
+// missing, its nearest existing ancestor is watched so that dir is picked up
+// when it appears; the periodic call is the safety net for missed events.
+// ConfigMap updates (a `..data` symlink swap in dir) are changes in dir.
+//
+// It is the file source of ip-masq-agent config and of the policy-map
+// cell's PolicyEndpoint directory.
+func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Duration, reload func()) error {
 	watcher, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("fsnotify: %w", err)
 	}
 	defer watcher.Close()
 
-	dir := filepath.Dir(s.path)
 	watched := ""
 	rewatch := func() {
 		target := nearestExistingDir(dir)
@@ -82,21 +93,21 @@ func (s *source) run(ctx context.Context, health cell.Health) error {
 		}
 		watched = ""
 		if err := watcher.Add(target); err != nil {
-			s.log.Warn("Cannot watch config directory; relying on the periodic re-read", "path", target, "error", err)
+			log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
 			return
 		}
 		watched = target
 		if target != dir {
-			s.log.Info("Config directory missing: watching for it to appear", "dir", dir, "watching", target)
+			log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
 		}
 	}
 
 	// Watch first, then read: an update between the two is not lost.
 	rewatch()
-	s.reload(health)
+	reload()
 
-	resync := time.NewTicker(s.resync)
-	defer resync.Stop()
+	ticker := time.NewTicker(resync)
+	defer ticker.Stop()
 	settle := time.NewTimer(debounce)
 	settle.Stop()
 	for {
@@ -115,14 +126,14 @@ func (s *source) run(ctx context.Context, health cell.Health) error {
 			if !ok {
 				return errors.New("fsnotify watcher closed")
 			}
-			s.log.Warn("fsnotify error; re-reading the config", "error", err)
+			log.Warn("fsnotify error; re-reading", "dir", dir, "error", err)
 			settle.Reset(debounce)
 		case <-settle.C:
 			rewatch()
-			s.reload(health)
-		case <-resync.C:
+			reload()
+		case <-ticker.C:
 			rewatch()
-			s.reload(health)
+			reload()
 		}
 	}
 }

@@ -42,7 +42,8 @@ mount -t bpf bpffs "$work/bpf"
 
 config="$work/config/ip-masq-agent"
 cp "$samples/ip-masq-agent.yaml" "$config"
-mkdir -p "$work/node" "$work/cni"
+mkdir -p "$work/node" "$work/cni" "$work/pe"
+cp "$samples/policyendpoint-v6-except.yaml" "$work/pe/"
 cp "$samples/ciliumnode.yaml" "$work/node/ciliumnode.yaml"
 
 # The node's ENIs: links with the MACs of the sample CiliumNode (veths: the
@@ -57,6 +58,7 @@ echo "ip-masq-agent config: $samples/ip-masq-agent.yaml"
 "$bin/enimasq-agent" --state-dir "$work/state" --bpf-root "$work/bpf" \
 	--enable-ip-masq-agent --enable-bpf-masquerade --ip-masq-agent-config-path "$config" \
 	--ciliumnode-path "$work/node/ciliumnode.yaml" \
+	--enable-network-policy --policy-endpoints-path "$work/pe" \
 	"$@" >"$work/agent.log" 2>&1 &
 agent_pid=$!
 
@@ -110,6 +112,20 @@ dbg shell -- db/show ip-masq-agent-cidrs
 wait_for in_map 100.200.0.0/16
 wait_for not_in_map 172.16.0.0/12
 maps
+
+step "Network policy: the sample PolicyEndpoint (an IPv6 ipBlock with excepts) on an IPv4-only node"
+cat "$work/pe/policyendpoint-v6-except.yaml" | sed -n '/^spec:/,$p'
+has_policy() { "$bin/enimasq-dbg" --state-dir "$work/state" shell -- db/show policy-map-entries | grep -q Done; }
+wait_for has_policy
+dbg shell -- db/show policy-endpoints
+dbg shell -- db/show policy-map-entries
+dbg bpf --bpf-root "$work/bpf" policy list
+echo "verdicts of the datapath program on these maps (fe80::/10 left no trace: 254.128.0.1 is denied):"
+verdict() { dbg policy verdict --bpf-root "$work/bpf" --pod 10.130.100.133 --direction egress "$@"; }
+verdict --peer 10.130.112.20 --proto tcp --port 8080
+verdict --peer 10.1.2.3 --proto udp --port 53
+verdict --peer 10.130.5.5 --proto udp --port 53
+verdict --peer 254.128.0.1 --proto tcp --port 443
 
 step "ENI IPAM: three pods created with the CNI plugin (enimasq-cni, driven by cnitool)"
 # The example network configuration of Documentation/cni.md, on this agent's socket.

@@ -80,7 +80,7 @@ func bpfCommand(o *options) *cobra.Command {
 			},
 		},
 	)
-	cmd.AddCommand(ipmasq)
+	cmd.AddCommand(ipmasq, bpfPolicyCommand(o))
 	return cmd
 }
 

@@ -50,6 +50,7 @@ func newRootCommand() *cobra.Command {
 		bpfCommand(o),
 		ipamCommand(o),
 	)
+	root.AddCommand(policyCommands(o)...)
 	return root
 }
 

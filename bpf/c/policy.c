@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// The network-policy verdict of a packet against enimasq's per-pod policy
+// maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6).
+//
+// One LPM lookup answers "may this pod talk to that peer": the key is the
+// pod's address followed by the peer's, with prefix length = pod bits + peer
+// bits, so a lookup with the full length returns the pod's longest matching
+// peer prefix. The value lists up to 24 {protocol, start_port, end_port}
+// entries; an entry list with no allow entries denies.
+//
+// policy_egress treats the packet's source as the pod and its destination as
+// the peer; policy_ingress the other way round. Both match the destination
+// port. They return TC_ACT_OK (allow) or TC_ACT_SHOT (deny) and leave the
+// reason in skb->cb[0] and the index of the deciding port entry in
+// skb->cb[1] (BPF_PROG_TEST_RUN hands cb back, which is how tests and
+// enimasq-dbg explain a verdict).
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define POLICY_MAX_PORT_ENTRIES 24
+#define POLICY_PROTO_ANY 254
+#define POLICY_MAX_ENTRIES 65536
+
+/* Reasons, in skb->cb[0]. */
+#define REASON_ALLOWED 1   /* a port entry of the pod's longest matching key allows */
+#define REASON_DENIED 2    /* the pod's longest matching key lists nothing that allows */
+#define REASON_NO_POLICY 3 /* the pod has no key: no PolicyEndpoint selects it */
+#define REASON_NOT_IP 4    /* not IPv4 or IPv6, or a truncated IP header: passed */
+
+#define NO_PORT_ENTRY 0xffffffff
+
+struct policy_v4_key {
+	__u32 prefixlen;
+	__u8 pod[4];
+	__u8 peer[4];
+};
+
+struct policy_v6_key {
+	__u32 prefixlen;
+	__u8 pod[16];
+	__u8 peer[16];
+};
+
+struct port_entry {
+	__u32 protocol;   /* IP protocol number, POLICY_PROTO_ANY = any */
+	__u32 start_port; /* 0 = any port */
+	__u32 end_port;   /* 0 = start_port only */
+};
+
+struct policy_value {
+	struct port_entry entries[POLICY_MAX_PORT_ENTRIES];
+};
+
+#define POLICY_MAP(_name, _key)                              \
+	struct {                                             \
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);         \
+		__type(key, _key);                           \
+		__type(value, struct policy_value);          \
+		__uint(max_entries, POLICY_MAX_ENTRIES);     \
+		__uint(map_flags, BPF_F_NO_PREALLOC);        \
+	} _name SEC(".maps")
+
+POLICY_MAP(enimasq_egress_v4, struct policy_v4_key);
+POLICY_MAP(enimasq_egress_v6, struct policy_v6_key);
+POLICY_MAP(enimasq_ingress_v4, struct policy_v4_key);
+POLICY_MAP(enimasq_ingress_v6, struct policy_v6_key);
+
+/* The fields of a packet that the policy looks at. */
+struct flow {
+	__u32 protocol;
+	__u32 port;       /* destination port */
+	__u8 port_known;  /* false for ICMP, non-first fragments, other protocols */
+};
+
+static __always_inline int has_ports(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* read_dport reads the destination port of a TCP, UDP or SCTP header at l4:
+ * all three have the source port then the destination port first. */
+static __always_inline void read_dport(struct flow *f, void *l4, void *data_end)
+{
+	__be16 *ports = l4;
+
+	if (!has_ports(f->protocol) || (void *)(ports + 2) > data_end)
+		return;
+	f->port = bpf_ntohs(ports[1]);
+	f->port_known = 1;
+}
+
+static __always_inline int port_entry_allows(const struct port_entry *e, const struct flow *f)
+{
+	if (e->protocol != POLICY_PROTO_ANY && e->protocol != f->protocol)
+		return 0;
+	if (e->start_port == 0)
+		return 1;
+	if (!f->port_known)
+		return 0;
+	if (e->end_port == 0)
+		return f->port == e->start_port;
+	return f->port >= e->start_port && f->port <= e->end_port;
+}
+
+static __always_inline int decide(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f)
+{
+	if (!v) {
+		skb->cb[0] = REASON_NO_POLICY;
+		return TC_ACT_OK;
+	}
+	for (__u32 i = 0; i < POLICY_MAX_PORT_ENTRIES; i++) {
+		const struct port_entry *e = &v->entries[i];
+
+		if (e->protocol == 0)
+			break; /* unused slots are zero and come last */
+		if (port_entry_allows(e, f)) {
+			skb->cb[0] = REASON_ALLOWED;
+			skb->cb[1] = i;
+			return TC_ACT_OK;
+		}
+	}
+	skb->cb[0] = REASON_DENIED;
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int verdict(struct __sk_buff *skb, int egress)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct flow f = {};
+
+	skb->cb[0] = REASON_NOT_IP;
+	skb->cb[1] = NO_PORT_ENTRY;
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip4 = (void *)(eth + 1);
+		struct policy_v4_key key = { .prefixlen = 64 };
+
+		if ((void *)(ip4 + 1) > data_end || ip4->ihl < 5)
+			return TC_ACT_OK;
+		f.protocol = ip4->protocol;
+		/* Only the first fragment carries the ports. */
+		if ((ip4->frag_off & bpf_htons(0x1fff)) == 0)
+			read_dport(&f, (void *)ip4 + ip4->ihl * 4, data_end);
+		__builtin_memcpy(key.pod, egress ? &ip4->saddr : &ip4->daddr, 4);
+		__builtin_memcpy(key.peer, egress ? &ip4->daddr : &ip4->saddr, 4);
+		return decide(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key), &f);
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		struct policy_v6_key key = { .prefixlen = 256 };
+
+		if ((void *)(ip6 + 1) > data_end)
+			return TC_ACT_OK;
+		/* Extension headers are not walked: behind one, the port is
+		 * unknown and only any-port entries match. */
+		f.protocol = ip6->nexthdr;
+		read_dport(&f, ip6 + 1, data_end);
+		__builtin_memcpy(key.pod, egress ? &ip6->saddr : &ip6->daddr, 16);
+		__builtin_memcpy(key.peer, egress ? &ip6->daddr : &ip6->saddr, 16);
+		return decide(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f);
+	}
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int policy_egress(struct __sk_buff *skb)
+{
+	return verdict(skb, 1);
+}
+
+SEC("tc")
+int policy_ingress(struct __sk_buff *skb)
+{
+	return verdict(skb, 0);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

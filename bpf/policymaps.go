@@ -1,0 +1,389 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// Direction is the direction of traffic a network-policy map governs, seen
+// from the pod.
+type Direction uint8
+
+const (
+	// Egress: the pod is the packet's source, the peer its destination.
+	Egress Direction = iota + 1
+	// Ingress: the pod is the packet's destination, the peer its source.
+	Ingress
+)
+
+func (d Direction) String() string {
+	switch d {
+	case Egress:
+		return "egress"
+	case Ingress:
+		return "ingress"
+	default:
+		return fmt.Sprintf("Direction(%d)", uint8(d))
+	}
+}
+
+// ParseDirection parses "egress" or "ingress" (any case).
+func ParseDirection(s string) (Direction, error) {
+	switch strings.ToLower(s) {
+	case "egress":
+		return Egress, nil
+	case "ingress":
+		return Ingress, nil
+	}
+	return 0, fmt.Errorf("direction %q: want egress or ingress", s)
+}
+
+// Names, sizes and layout of the network-policy maps: one LPM trie per
+// direction and family, pinned next to Cilium's maps.
+const (
+	PolicyEgressV4MapName  = "enimasq_egress_v4"
+	PolicyEgressV6MapName  = "enimasq_egress_v6"
+	PolicyIngressV4MapName = "enimasq_ingress_v4"
+	PolicyIngressV6MapName = "enimasq_ingress_v6"
+
+	// PolicyDefaultMaxEntries is the default size of each policy map.
+	PolicyDefaultMaxEntries = 65536
+
+	// PolicyKeySizeV4 and PolicyKeySizeV6 are {u32 prefixlen; pod; peer}.
+	PolicyKeySizeV4 = prefixLenSize + 4 + 4
+	PolicyKeySizeV6 = prefixLenSize + 16 + 16
+
+	// PolicyMaxPortEntries is how many port entries a value holds (as the
+	// AWS network policy agent).
+	PolicyMaxPortEntries = 24
+	portEntrySize        = 12
+	// PolicyValueSize is 24 x {u32 protocol; u32 start_port; u32 end_port}.
+	PolicyValueSize = PolicyMaxPortEntries * portEntrySize
+)
+
+// IP protocol numbers of port entries.
+const (
+	ProtocolTCP  uint32 = 6
+	ProtocolUDP  uint32 = 17
+	ProtocolSCTP uint32 = 132
+	// ProtocolAny matches every protocol (a rule without ports).
+	ProtocolAny uint32 = 254
+)
+
+// PolicyMapName is the name of the map of a direction and family.
+func PolicyMapName(d Direction, f Family) string {
+	return "enimasq_" + d.String() + "_v" + strconv.Itoa(int(f))
+}
+
+// PolicyMapNames are the four policy maps, in a fixed order.
+var PolicyMapNames = []string{PolicyEgressV4MapName, PolicyEgressV6MapName, PolicyIngressV4MapName, PolicyIngressV6MapName}
+
+// ParsePolicyMapName returns the direction and family of a policy map name.
+func ParsePolicyMapName(name string) (Direction, Family, error) {
+	for _, d := range []Direction{Egress, Ingress} {
+		for _, f := range []Family{IPv4, IPv6} {
+			if PolicyMapName(d, f) == name {
+				return d, f, nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("%q is not a policy map name", name)
+}
+
+// PolicyMapSpec describes the policy map of a direction and family with the
+// given number of entries.
+func PolicyMapSpec(d Direction, f Family, maxEntries uint32) *ebpf.MapSpec {
+	keySize := uint32(PolicyKeySizeV4)
+	if f == IPv6 {
+		keySize = PolicyKeySizeV6
+	}
+	return LPMSpec(PolicyMapName(d, f), keySize, PolicyValueSize, maxEntries)
+}
+
+// FamilyOf is the family of an address as written: IPv4-mapped IPv6
+// addresses are IPv6.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// EncodePolicyKey returns the kernel bytes of the policy-map key of a pod and
+// a peer prefix: {u32 prefixlen = pod bits + peer bits (host order); pod
+// address; peer address, host bits cleared (network order)}.
+//
+// Pod and peer must be of the same family as written: an IPv6 peer never
+// becomes an IPv4 key, and an IPv4-mapped IPv6 address is IPv6.
+func EncodePolicyKey(pod netip.Addr, peer netip.Prefix) ([]byte, error) {
+	return AppendPolicyKey(nil, pod, peer)
+}
+
+// AppendPolicyKey appends the kernel bytes of the key of pod and peer to b
+// (see EncodePolicyKey). On error b is returned unchanged.
+func AppendPolicyKey(b []byte, pod netip.Addr, peer netip.Prefix) ([]byte, error) {
+	switch {
+	case !pod.IsValid():
+		return nil, fmt.Errorf("policy key for peer %s: invalid pod address", peer)
+	case !peer.IsValid():
+		return nil, fmt.Errorf("policy key for pod %s: invalid peer prefix", pod)
+	case pod.Zone() != "":
+		return nil, fmt.Errorf("policy key for pod %s: address has a zone", pod)
+	case FamilyOf(pod) != FamilyOf(peer.Addr()):
+		return nil, fmt.Errorf("policy key for pod %s, peer %s: %s pod with an %s peer: %w",
+			pod, peer, FamilyOf(pod), FamilyOf(peer.Addr()), ErrWrongFamily)
+	}
+	b = binary.NativeEndian.AppendUint32(b, uint32(pod.BitLen()+peer.Bits()))
+	if pod.Is4() {
+		p4, q4 := pod.As4(), peer.Masked().Addr().As4()
+		return append(append(b, p4[:]...), q4[:]...), nil
+	}
+	p16, q16 := pod.As16(), peer.Masked().Addr().As16()
+	return append(append(b, p16[:]...), q16[:]...), nil
+}
+
+// UnmarshalPolicyKey decodes the kernel bytes of a policy-map key of the
+// given family. The prefix length must cover the whole pod address and at
+// most the peer's.
+func UnmarshalPolicyKey(f Family, b []byte) (pod netip.Addr, peer netip.Prefix, err error) {
+	var addrLen int
+	switch f {
+	case IPv4:
+		addrLen = 4
+	case IPv6:
+		addrLen = 16
+	default:
+		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("policy key %x: unknown family %s", b, f)
+	}
+	if len(b) != prefixLenSize+2*addrLen {
+		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: %d bytes, want %d", f, b, len(b), prefixLenSize+2*addrLen)
+	}
+	bits := int(binary.NativeEndian.Uint32(b))
+	podBits := addrLen * 8
+	if bits < podBits || bits > 2*podBits {
+		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: prefix length %d outside %d..%d", f, b, bits, podBits, 2*podBits)
+	}
+	podBytes, peerBytes := b[prefixLenSize:prefixLenSize+addrLen], b[prefixLenSize+addrLen:]
+	pod, _ = netip.AddrFromSlice(podBytes)
+	peerAddr, _ := netip.AddrFromSlice(peerBytes)
+	return pod, netip.PrefixFrom(peerAddr, bits-podBits).Masked(), nil
+}
+
+// PortEntry is one allow entry of a policy value.
+type PortEntry struct {
+	// Protocol is the IP protocol number; ProtocolAny matches every one.
+	// Zero marks an unused slot.
+	Protocol uint32
+	// StartPort is the first allowed port; 0 allows every port.
+	StartPort uint32
+	// EndPort is the last allowed port; 0 allows StartPort only.
+	EndPort uint32
+}
+
+// AnyPortEntry allows everything: every protocol, every port.
+var AnyPortEntry = PortEntry{Protocol: ProtocolAny}
+
+// Allows reports whether the entry allows a packet of protocol proto to port
+// (portKnown false: a packet whose port is unknown, which only entries for
+// every port allow). It is the program's rule, in Go.
+func (e PortEntry) Allows(proto uint32, port uint16, portKnown bool) bool {
+	if e.Protocol != ProtocolAny && e.Protocol != proto {
+		return false
+	}
+	switch {
+	case e.StartPort == 0:
+		return true
+	case !portKnown:
+		return false
+	case e.EndPort == 0:
+		return uint32(port) == e.StartPort
+	default:
+		return uint32(port) >= e.StartPort && uint32(port) <= e.EndPort
+	}
+}
+
+func (e PortEntry) String() string {
+	return string(e.appendText(nil))
+}
+
+func (e PortEntry) appendText(b []byte) []byte {
+	if e.Protocol == ProtocolAny && e.StartPort == 0 {
+		return append(b, "any"...)
+	}
+	b = append(append(b, ProtocolName(e.Protocol)...), '/')
+	switch {
+	case e.StartPort == 0:
+		return append(b, '*')
+	case e.EndPort == 0:
+		return strconv.AppendUint(b, uint64(e.StartPort), 10)
+	default:
+		b = append(strconv.AppendUint(b, uint64(e.StartPort), 10), '-')
+		return strconv.AppendUint(b, uint64(e.EndPort), 10)
+	}
+}
+
+// ProtocolName is "tcp", "udp", "sctp", "icmp", "icmpv6", "any" or the
+// number.
+func ProtocolName(p uint32) string {
+	switch p {
+	case 1:
+		return "icmp"
+	case 58:
+		return "icmpv6"
+	case ProtocolTCP:
+		return "tcp"
+	case ProtocolUDP:
+		return "udp"
+	case ProtocolSCTP:
+		return "sctp"
+	case ProtocolAny:
+		return "any"
+	default:
+		return strconv.FormatUint(uint64(p), 10)
+	}
+}
+
+// ParseProtocol parses "tcp", "udp", "sctp", "icmp", "icmpv6" (any case) or
+// a protocol number.
+func ParseProtocol(s string) (uint32, error) {
+	switch strings.ToLower(s) {
+	case "tcp":
+		return ProtocolTCP, nil
+	case "udp":
+		return ProtocolUDP, nil
+	case "sctp":
+		return ProtocolSCTP, nil
+	case "icmp":
+		return 1, nil
+	case "icmpv6", "ipv6-icmp":
+		return 58, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 8)
+	if err != nil {
+		return 0, fmt.Errorf("protocol %q: want tcp, udp, sctp, icmp, icmpv6 or a number", s)
+	}
+	return uint32(n), nil
+}
+
+// PolicyValue is the value of a policy-map entry: the allow entries, used
+// ones first, unused slots zero. No used entry means deny.
+type PolicyValue [PolicyMaxPortEntries]PortEntry
+
+// NewPolicyValue packs entries into a value. More than PolicyMaxPortEntries
+// entries is an error: a value is never silently truncated.
+func NewPolicyValue(entries []PortEntry) (PolicyValue, error) {
+	var v PolicyValue
+	if len(entries) > PolicyMaxPortEntries {
+		return v, fmt.Errorf("%d port entries, a value holds at most %d", len(entries), PolicyMaxPortEntries)
+	}
+	for i, e := range entries {
+		if e.Protocol == 0 {
+			return v, fmt.Errorf("port entry %d: protocol 0 marks an unused slot", i)
+		}
+		v[i] = e
+	}
+	return v, nil
+}
+
+// EncodePortEntries returns the kernel bytes of the value holding entries,
+// like NewPolicyValue followed by MarshalBinary, and their text (as
+// PolicyValue.String), without building the value.
+func EncodePortEntries(entries []PortEntry) ([]byte, string, error) {
+	if len(entries) > PolicyMaxPortEntries {
+		return nil, "", fmt.Errorf("%d port entries, a value holds at most %d", len(entries), PolicyMaxPortEntries)
+	}
+	b := make([]byte, PolicyValueSize)
+	text := make([]byte, 0, 16*len(entries))
+	for i, e := range entries {
+		if e.Protocol == 0 {
+			return nil, "", fmt.Errorf("port entry %d: protocol 0 marks an unused slot", i)
+		}
+		off := i * portEntrySize
+		binary.NativeEndian.PutUint32(b[off:], e.Protocol)
+		binary.NativeEndian.PutUint32(b[off+4:], e.StartPort)
+		binary.NativeEndian.PutUint32(b[off+8:], e.EndPort)
+		if i > 0 {
+			text = append(text, ',')
+		}
+		text = e.appendText(text)
+	}
+	if len(entries) == 0 {
+		return b, "deny", nil
+	}
+	return b, string(text), nil
+}
+
+// Entries returns the used entries.
+func (v *PolicyValue) Entries() []PortEntry {
+	for i, e := range v {
+		if e.Protocol == 0 {
+			return v[:i]
+		}
+	}
+	return v[:]
+}
+
+// Match returns the index of the first entry that allows the packet, as
+// the program finds it, or -1 (deny).
+func (v *PolicyValue) Match(proto uint32, port uint16, portKnown bool) int {
+	for i, e := range v.Entries() {
+		if e.Allows(proto, port, portKnown) {
+			return i
+		}
+	}
+	return -1
+}
+
+// String is "deny", "any", or the entries joined by commas
+// ("tcp/8080,udp/53-55,sctp/*").
+func (v *PolicyValue) String() string {
+	entries := v.Entries()
+	if len(entries) == 0 {
+		return "deny"
+	}
+	b := make([]byte, 0, 16*len(entries))
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = e.appendText(b)
+	}
+	return string(b)
+}
+
+// AppendBinary appends the kernel bytes of v (host byte order) to b.
+func (v *PolicyValue) AppendBinary(b []byte) ([]byte, error) {
+	for _, e := range v {
+		b = binary.NativeEndian.AppendUint32(b, e.Protocol)
+		b = binary.NativeEndian.AppendUint32(b, e.StartPort)
+		b = binary.NativeEndian.AppendUint32(b, e.EndPort)
+	}
+	return b, nil
+}
+
+// MarshalBinary returns exactly the bytes the kernel expects for v.
+func (v *PolicyValue) MarshalBinary() ([]byte, error) {
+	return v.AppendBinary(make([]byte, 0, PolicyValueSize))
+}
+
+// UnmarshalPolicyValue decodes the kernel bytes of a policy value.
+func UnmarshalPolicyValue(b []byte) (PolicyValue, error) {
+	var v PolicyValue
+	if len(b) != PolicyValueSize {
+		return v, fmt.Errorf("policy value: %d bytes, want %d", len(b), PolicyValueSize)
+	}
+	for i := range v {
+		off := i * portEntrySize
+		v[i] = PortEntry{
+			Protocol:  binary.NativeEndian.Uint32(b[off:]),
+			StartPort: binary.NativeEndian.Uint32(b[off+4:]),
+			EndPort:   binary.NativeEndian.Uint32(b[off+8:]),
+		}
+	}
+	return v, nil
+}

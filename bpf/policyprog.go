@@ -1,0 +1,197 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// PolicyReason says why the policy programs (c/policy.c) decided as they
+// did; the programs leave it in skb->cb[0].
+type PolicyReason uint32
+
+const (
+	// PolicyAllowed: a port entry of the pod's longest matching key allows.
+	PolicyAllowed PolicyReason = 1
+	// PolicyDenied: the pod's longest matching key has no entry that allows.
+	PolicyDenied PolicyReason = 2
+	// PolicyNoPolicy: the map has no key for the pod (no PolicyEndpoint
+	// selects it): allowed, as Kubernetes allows a pod no policy selects.
+	PolicyNoPolicy PolicyReason = 3
+	// PolicyNotIP: not IPv4 or IPv6, or a truncated IP header: passed.
+	PolicyNotIP PolicyReason = 4
+)
+
+func (r PolicyReason) String() string {
+	switch r {
+	case PolicyAllowed:
+		return "allowed by a port entry"
+	case PolicyDenied:
+		return "no port entry allows"
+	case PolicyNoPolicy:
+		return "no policy selects the pod"
+	case PolicyNotIP:
+		return "not an IP packet"
+	default:
+		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
+	}
+}
+
+// tc verdicts of the policy programs.
+const (
+	tcActOK   = 0
+	tcActShot = 2
+)
+
+// PolicyResult is the verdict of the policy program on one packet.
+type PolicyResult struct {
+	Allow  bool
+	Reason PolicyReason
+	// PortEntry is the index of the port entry that allowed, or -1.
+	PortEntry int
+}
+
+// skbContext is struct __sk_buff as far as BPF_PROG_TEST_RUN copies it in
+// and out (192 bytes on current kernels); the program's cb[0..4] is at byte
+// offset 48.
+type skbContext [48]uint32
+
+const skbCBWord = 12
+
+// PolicyProgram is the pair of policy verdict programs (egress and ingress)
+// bound to the four policy maps. Run it with BPF_PROG_TEST_RUN on an
+// Ethernet frame.
+type PolicyProgram struct {
+	egress, ingress *ebpf.Program
+	owned           []*ebpf.Map // placeholder maps made for missing maps
+}
+
+// LoadPolicyProgram loads the programs using the given maps, by name
+// (PolicyMapNames). A missing or nil map (a family disabled on the node) is
+// replaced by an empty one of the same layout: every pod of that family has
+// no policy.
+func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
+	spec, err := loadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("load policy program spec: %w", err)
+	}
+	p := &PolicyProgram{}
+	replacements := map[string]*ebpf.Map{}
+	for _, name := range PolicyMapNames {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			return nil, fmt.Errorf("policy program spec has no map %s", name)
+		}
+		m := maps[name]
+		if m == nil {
+			if m, err = newUnpinnedMap(ms); err != nil {
+				p.Close()
+				return nil, fmt.Errorf("placeholder map %s: %w", name, err)
+			}
+			p.owned = append(p.owned, m)
+		}
+		// The map size is a flag; the program works with any.
+		ms.MaxEntries = m.MaxEntries()
+		replacements[name] = m
+	}
+	var objs policyObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("load policy programs: %w", err)
+	}
+	p.egress, p.ingress = objs.PolicyEgress, objs.PolicyIngress
+	return p, nil
+}
+
+// Run runs the program of the direction on an Ethernet frame.
+func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
+	prog := p.egress
+	if d == Ingress {
+		prog = p.ingress
+	} else if d != Egress {
+		return PolicyResult{}, fmt.Errorf("run policy program: direction %s", d)
+	}
+	var in, out skbContext
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: &in, ContextOut: &out})
+	if err != nil {
+		return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
+	}
+	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), PortEntry: -1}
+	if idx := out[skbCBWord+1]; idx < PolicyMaxPortEntries {
+		res.PortEntry = int(idx)
+	}
+	switch ret {
+	case tcActOK:
+		res.Allow = true
+	case tcActShot:
+	default:
+		return PolicyResult{}, fmt.Errorf("run policy_%s: unexpected return code %d", d, ret)
+	}
+	return res, nil
+}
+
+// Close releases the programs and any placeholder maps.
+func (p *PolicyProgram) Close() error {
+	var errs []error
+	for _, prog := range []*ebpf.Program{p.egress, p.ingress} {
+		if prog != nil {
+			errs = append(errs, prog.Close())
+		}
+	}
+	for _, m := range p.owned {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// PolicyTestFrame builds an Ethernet frame from src to dst (same family)
+// with an IP header and, for TCP, UDP and SCTP, the ports; other protocols
+// get no transport header. It is what the tests and enimasq-dbg feed the
+// policy program.
+func PolicyTestFrame(src, dst netip.Addr, proto uint8, srcPort, dstPort uint16) ([]byte, error) {
+	if FamilyOf(src) != FamilyOf(dst) {
+		return nil, fmt.Errorf("frame from %s to %s: %w", src, dst, ErrWrongFamily)
+	}
+	var l4 []byte
+	switch uint32(proto) {
+	case ProtocolTCP:
+		l4 = make([]byte, 20)
+		l4[12] = 5 << 4 // data offset
+	case ProtocolUDP:
+		l4 = make([]byte, 8)
+		binary.BigEndian.PutUint16(l4[4:], 8)
+	case ProtocolSCTP:
+		l4 = make([]byte, 12)
+	}
+	if l4 != nil {
+		binary.BigEndian.PutUint16(l4[0:], srcPort)
+		binary.BigEndian.PutUint16(l4[2:], dstPort)
+	}
+
+	frame := make([]byte, 14, 14+40+len(l4))
+	if src.Is4() {
+		binary.BigEndian.PutUint16(frame[12:], 0x0800)
+		ip := make([]byte, 20)
+		ip[0] = 0x45 // version 4, IHL 5
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+		ip[8], ip[9] = 64, proto
+		s, d := src.As4(), dst.As4()
+		copy(ip[12:16], s[:])
+		copy(ip[16:20], d[:])
+		frame = append(frame, ip...)
+	} else {
+		binary.BigEndian.PutUint16(frame[12:], 0x86dd)
+		ip := make([]byte, 40)
+		ip[0] = 0x60 // version 6
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
+		ip[6], ip[7] = proto, 64
+		s, d := src.As16(), dst.As16()
+		copy(ip[8:24], s[:])
+		copy(ip[24:40], d[:])
+		frame = append(frame, ip...)
+	}
+	return append(frame, l4...), nil
+}

@@ -1,0 +1,150 @@
+package policymap
+
+import (
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+type policySourceParams struct {
+	cell.In
+
+	Log    *slog.Logger
+	Node   nodeconfig.Config
+	Policy PolicyConfig
+	DB     *statedb.DB
+	Table  statedb.RWTable[*PolicyEndpoint]
+	Jobs   job.Group
+	Health cell.Health
+}
+
+// registerPolicySource fills policy-endpoints from the PolicyEndpoint
+// directory. With --enable-network-policy=false the table is initialized
+// and stays empty.
+func registerPolicySource(p policySourceParams) error {
+	if err := p.Policy.Validate(); err != nil {
+		return err
+	}
+	wtxn := p.DB.WriteTxn(p.Table)
+	initDone := p.Table.RegisterInitializer(wtxn, "policy-endpoints-dir")
+	if !p.Policy.EnableNetworkPolicy {
+		initDone(wtxn)
+		wtxn.Commit()
+		p.Health.NewScope("policy").OK("No policy maps: --enable-network-policy=false")
+		return nil
+	}
+	wtxn.Commit()
+
+	s := &policySource{
+		dir:      p.Policy.PolicyEndpointsPath,
+		resync:   p.Policy.PolicyEndpointsResyncInterval,
+		log:      p.Log,
+		db:       p.DB,
+		table:    p.Table,
+		node:     p.Node,
+		initDone: initDone,
+	}
+	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.run))
+	return nil
+}
+
+type policyMapParams struct {
+	cell.In
+
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Node      nodeconfig.Config
+	Config    Config
+	Policy    PolicyConfig
+	DB        *statedb.DB
+	Jobs      job.Group
+	Endpoints statedb.RWTable[*PolicyEndpoint]
+	Entries   statedb.RWTable[*PolicyMapEntry]
+	Reconcile reconciler.Params
+	Ops       *mapOps[*PolicyMapEntry]
+	State     *policyState
+}
+
+// policyState holds what the policy-map reconciler registration made, for
+// the script commands and tests.
+type policyState struct {
+	// reconciler is nil while network policy is disabled.
+	reconciler reconciler.Reconciler[*PolicyMapEntry]
+}
+
+func newPolicyState() *policyState { return &policyState{} }
+
+// policyMapFamilies are the families whose policy maps the node gets.
+func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
+	var out []bpf.Family
+	if node.EnableIPv4 {
+		out = append(out, bpf.IPv4)
+	}
+	if node.EnableIPv6 {
+		out = append(out, bpf.IPv6)
+	}
+	return out
+}
+
+// registerPolicyMaps derives policy-map-entries from policy-endpoints and
+// reconciles it into the policy maps of the node's families. Nothing is
+// registered (no maps are made) while network policy is disabled.
+func registerPolicyMaps(p policyMapParams) error {
+	if err := p.Policy.Validate(); err != nil {
+		return err
+	}
+	if !p.Policy.EnableNetworkPolicy {
+		return nil
+	}
+
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			for _, f := range policyMapFamilies(p.Node) {
+				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+					if err := p.Ops.open(p.Log, bpf.PolicyMapSpec(d, f, p.Policy.PolicyMapMaxEntries), p.Node.GlobalsDir()); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			p.Ops.close()
+			return nil
+		},
+	})
+
+	// The entries are initialized by the deriver once policy-endpoints is
+	// and its objects are compiled: pruning waits for both.
+	wtxn := p.DB.WriteTxn(p.Entries)
+	initDone := p.Entries.RegisterInitializer(wtxn, "derive-policy-map-entries")
+	wtxn.Commit()
+	d := &policyDeriver{
+		log:       p.Log,
+		db:        p.DB,
+		endpoints: p.Endpoints,
+		entries:   p.Entries,
+		node:      p.Node,
+		initDone:  initDone,
+	}
+	p.Jobs.Add(job.OneShot("derive-policy-map-entries", d.run))
+
+	rec, err := reconciler.Register(
+		p.Reconcile,
+		p.Entries,
+		(*PolicyMapEntry).Clone,
+		(*PolicyMapEntry).SetStatus,
+		(*PolicyMapEntry).GetStatus,
+		p.Ops.faults,
+		p.Ops.faults,
+		reconcilerOptions(p.Config, "policy-map")...,
+	)
+	p.State.reconciler = rec
+	return err
+}
