@@ -14,12 +14,9 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/fsnotify/fsnotify"
-)
 
-// debounce groups the burst of events of one update (a ConfigMap's symlink
-// swap, an editor's write-and-rename) into one read.
-const debounce = 50 * time.Millisecond
+	"github.com/enimasq/enimasq/cells/filewatch"
+)
 
 // ReadCiliumNodeFile reads and parses the CiliumNode file. A missing file
 // gives an error wrapping fs.ErrNotExist.
@@ -62,78 +59,10 @@ type source struct {
 	lastSummary  string
 }
 
+// run re-reads the CiliumNode file whenever its directory changes (or, while
+// the directory is missing, its nearest existing ancestor) and every resync.
 func (s *source) run(ctx context.Context, health cell.Health) error {
-	watcher, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("fsnotify: %w", err)
-	}
-	defer watcher.Close()
-
-	dir := filepath.Dir(s.path)
-	watched := ""
-	rewatch := func() {
-		target := nearestExistingDir(dir)
-		if target == watched {
-			return
-		}
-		if watched != "" {
-			watcher.Remove(watched) // fails when it was deleted: fine
-		}
-		watched = ""
-		if err := watcher.Add(target); err != nil {
-			s.log.Warn("Cannot watch the CiliumNode directory; relying on the periodic re-read", "path", target, "error", err)
-			return
-		}
-		watched = target
-	}
-
-	// Watch first, then read: an update between the two is not lost.
-	rewatch()
-	s.reload(health)
-
-	resync := time.NewTicker(s.resync)
-	defer resync.Stop()
-	settle := time.NewTimer(debounce)
-	settle.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-watcher.Events:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				watched = ""
-			}
-			settle.Reset(debounce)
-		case err, ok := <-watcher.Errors:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			s.log.Warn("fsnotify error; re-reading the CiliumNode", "error", err)
-			settle.Reset(debounce)
-		case <-settle.C:
-			rewatch()
-			s.reload(health)
-		case <-resync.C:
-			rewatch()
-			s.reload(health)
-		}
-	}
-}
-
-func nearestExistingDir(dir string) string {
-	for {
-		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return dir
-		}
-		dir = parent
-	}
+	return filewatch.WatchDir(ctx, s.log, filepath.Dir(s.path), s.resync, func() { s.reload(health) })
 }
 
 func (s *source) reload(health cell.Health) {

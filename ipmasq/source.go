@@ -15,12 +15,9 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/fsnotify/fsnotify"
-)
 
-// debounce groups the burst of events of one update (a ConfigMap's symlink
-// swap, an editor's write-and-rename) into one read.
-const debounce = 50 * time.Millisecond
+	"github.com/enimasq/enimasq/cells/filewatch"
+)
 
 // ReadFile reads and parses the config file at path. A missing file (or a
 // dangling ConfigMap symlink, or a missing directory) gives the defaults.
@@ -64,92 +61,7 @@ type source struct {
 // run watches the config directory (or, while it is missing, its nearest
 // existing ancestor) and re-reads the file on events and every resync.
 func (s *source) run(ctx context.Context, health cell.Health) error {
-	return WatchDir(ctx, s.log, filepath.Dir(s.path), s.resync, func() { s.reload(health) })
-}
-
-// WatchDir calls reload once at start, then after every burst of changes in
-// dir (debounced) and every resync period, until ctx is done. While dir is
-// missing, its nearest existing ancestor is watched so that dir is picked up
-// when it appears; the periodic call is the safety net for missed events.
-// ConfigMap updates (a `..data` symlink swap in dir) are changes in dir.
-//
-// It is the file source of ip-masq-agent config and of the policy-map
-// cell's PolicyEndpoint directory.
-func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Duration, reload func()) error {
-	watcher, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("fsnotify: %w", err)
-	}
-	defer watcher.Close()
-
-	watched := ""
-	rewatch := func() {
-		target := nearestExistingDir(dir)
-		if target == watched {
-			return
-		}
-		if watched != "" {
-			watcher.Remove(watched) // fails when it was deleted: fine
-		}
-		watched = ""
-		if err := watcher.Add(target); err != nil {
-			log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
-			return
-		}
-		watched = target
-		if target != dir {
-			log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
-		}
-	}
-
-	// Watch first, then read: an update between the two is not lost.
-	rewatch()
-	reload()
-
-	ticker := time.NewTicker(resync)
-	defer ticker.Stop()
-	settle := time.NewTimer(debounce)
-	settle.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-watcher.Events:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				watched = "" // the watch went with the directory
-			}
-			settle.Reset(debounce)
-		case err, ok := <-watcher.Errors:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			log.Warn("fsnotify error; re-reading", "dir", dir, "error", err)
-			settle.Reset(debounce)
-		case <-settle.C:
-			rewatch()
-			reload()
-		case <-ticker.C:
-			rewatch()
-			reload()
-		}
-	}
-}
-
-// nearestExistingDir is dir, or its closest ancestor that exists.
-func nearestExistingDir(dir string) string {
-	for {
-		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return dir
-		}
-		dir = parent
-	}
+	return filewatch.WatchDir(ctx, s.log, filepath.Dir(s.path), s.resync, func() { s.reload(health) })
 }
 
 // reload reads the file and applies it. A bad file leaves the table as it is

@@ -19,8 +19,8 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/filewatch"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/ipmasq"
 )
 
 // policySource keeps policy-endpoints equal to the PolicyEndpoint files of
@@ -52,7 +52,7 @@ type policyFile struct {
 // run watches the directory (or its nearest existing ancestor while it is
 // missing) and re-reads it on changes and every resync period.
 func (s *policySource) run(ctx context.Context, health cell.Health) error {
-	return ipmasq.WatchDir(ctx, s.log, s.dir, s.resync, func() { s.reload(health) })
+	return filewatch.WatchDir(ctx, s.log, s.dir, s.resync, func() { s.reload(health) })
 }
 
 // reload reads the directory and applies it.

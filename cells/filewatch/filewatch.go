@@ -1,0 +1,108 @@
+// Package filewatch watches a directory the way Kubernetes updates mounted
+// ConfigMaps and the way editors save files, so that file sources (the
+// ip-masq-agent config, PolicyEndpoints, the CiliumNode) re-read their input
+// when it changes: fsnotify on the directory with a short debounce, the
+// nearest existing ancestor while the directory is missing, and a periodic
+// re-read as the safety net.
+package filewatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// debounce groups the burst of events of one update (a ConfigMap's symlink
+// swap, an editor's write-and-rename) into one read.
+const debounce = 50 * time.Millisecond
+
+// WatchDir calls reload once at start, then after every burst of changes in
+// dir (debounced) and every resync period, until ctx is done. While dir is
+// missing, its nearest existing ancestor is watched so that dir is picked up
+// when it appears; the periodic call is the safety net for missed events.
+// ConfigMap updates (a `..data` symlink swap in dir) are changes in dir.
+//
+// It is the file source of the ip-masq-agent config, the PolicyEndpoint
+// directory and the CiliumNode file.
+func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Duration, reload func()) error {
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("fsnotify: %w", err)
+	}
+	defer watcher.Close()
+
+	watched := ""
+	rewatch := func() {
+		target := nearestExistingDir(dir)
+		if target == watched {
+			return
+		}
+		if watched != "" {
+			watcher.Remove(watched) // fails when it was deleted: fine
+		}
+		watched = ""
+		if err := watcher.Add(target); err != nil {
+			log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
+			return
+		}
+		watched = target
+		if target != dir {
+			log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
+		}
+	}
+
+	// Watch first, then read: an update between the two is not lost.
+	rewatch()
+	reload()
+
+	ticker := time.NewTicker(resync)
+	defer ticker.Stop()
+	settle := time.NewTimer(debounce)
+	settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				watched = "" // the watch went with the directory
+			}
+			settle.Reset(debounce)
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				return errors.New("fsnotify watcher closed")
+			}
+			log.Warn("fsnotify error; re-reading", "dir", dir, "error", err)
+			settle.Reset(debounce)
+		case <-settle.C:
+			rewatch()
+			reload()
+		case <-ticker.C:
+			rewatch()
+			reload()
+		}
+	}
+}
+
+// nearestExistingDir is dir, or its closest ancestor that exists.
+func nearestExistingDir(dir string) string {
+	for {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
