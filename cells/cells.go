@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
@@ -25,6 +26,7 @@ var Infrastructure = cell.Group(
 	Core,
 	shellCell,
 	apiCell,
+	k8sclient.Cell,
 )
 
 // Core is the part of Infrastructure that script tests share with the agent:

@@ -50,7 +50,7 @@ func Build(t testing.TB) Binaries {
 				return
 			}
 			out, err := exec.Command("go", "build", "-race", "-o", dir+"/",
-				"github.com/enimasq/enimasq/cmd/...").CombinedOutput()
+				"github.com/enimasq/enimasq/cmd/...", "github.com/containernetworking/cni/cnitool").CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 				return
