@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/dig"
+	"k8s.io/klog/v2"
 
 	"github.com/enimasq/enimasq/cells"
 )
@@ -50,6 +51,8 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
 			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			// client-go logs through klog: route it to the same logger.
+			klog.SetSlogLogger(log.With("subsys", "client-go"))
 			// Sockets (also hive's shell socket, which this process does not
 			// create itself) and files are 0600; directories the agent
 			// creates are chmod'ed to 0700 explicitly.
