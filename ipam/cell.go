@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
+	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipmasq"
 )
@@ -48,6 +49,7 @@ var Cell = cell.Module(
 		// when nothing else asks for it.
 		func(*Allocator) {},
 		registerSource,
+		registerUsedReporter,
 		registerDesired,
 		registerReconcilers,
 	),
@@ -67,6 +69,7 @@ type allocatorParams struct {
 	Rules    statedb.Table[*Rule]
 	Routes   statedb.Table[*Route]
 	Jobs     job.Group
+	Client   *k8sclient.Client `optional:"true"`
 }
 
 // newAllocator builds the allocator and adds its jobs: restoring the
@@ -90,6 +93,9 @@ func newAllocator(p allocatorParams) *Allocator {
 		retry:          p.Config.CiliumNodeResync,
 		restoreDone:    restoreDone,
 	}
+	if p.Client != nil && p.Client.IsEnabled() {
+		a.ciliumNodePath = "the API server (ciliumnodes/" + p.Client.NodeName() + ")"
+	}
 	p.Jobs.Add(
 		job.OneShot("restore-allocations", a.restore),
 		job.OneShot("sync-allocations", a.syncPool),
@@ -105,9 +111,15 @@ type sourceParams struct {
 	DB     *statedb.DB
 	Table  statedb.RWTable[*ENI]
 	Jobs   job.Group
+	// Client, when enabled, makes the API server's CiliumNode the source
+	// instead of --ciliumnode-path.
+	Client *k8sclient.Client `optional:"true"`
 }
 
-func registerSource(p sourceParams) {
+func registerSource(p sourceParams) error {
+	if err := checkCiliumNodeSource(p.Config, p.Client); err != nil {
+		return err
+	}
 	wtxn := p.DB.WriteTxn(p.Table)
 	initDone := p.Table.RegisterInitializer(wtxn, "ciliumnode")
 	wtxn.Commit()
@@ -119,7 +131,12 @@ func registerSource(p sourceParams) {
 		table:    p.Table,
 		initDone: initDone,
 	}
+	if p.Client != nil && p.Client.IsEnabled() {
+		p.Jobs.Add(job.OneShot("watch-ciliumnode", newK8sSource(s, p.Client).run))
+		return nil
+	}
 	p.Jobs.Add(job.OneShot("watch-ciliumnode", s.run))
+	return nil
 }
 
 type desiredParams struct {

@@ -51,7 +51,7 @@ var DefaultConfig = Config{
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("ipam", def.IPAM, `IP address management mode; only "eni" (AWS ENI, from the CiliumNode file) is supported`)
-	flags.String("ciliumnode-path", def.CiliumNodePath, "CiliumNode of this node (YAML or JSON, as kubectl get ciliumnode NODE -o yaml prints it); its directory is watched")
+	flags.String("ciliumnode-path", def.CiliumNodePath, "CiliumNode file of this node (YAML or JSON, as kubectl get ciliumnode NODE -o yaml prints it); its directory is watched. With the Kubernetes API server enabled, the CiliumNode named after the node is read from it instead, and setting this flag is an error")
 	flags.Duration("ciliumnode-resync-interval", def.CiliumNodeResync, "Re-read the CiliumNode file this often, in case a file event was missed")
 	flags.String("ipv4-native-routing-cidr", def.IPv4NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv4 allocation")
 	flags.String("eni-egress-rule-mode", def.ENIEgressRuleMode, `Pod egress ip rules: "cidr" (one rule per CIDR of the allocation result) or "all" (one rule for all destinations)`)

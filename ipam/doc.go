@@ -14,8 +14,11 @@
 // rules it changes, every rule has its own status and retry, and drift is
 // repaired by the periodic refresh.
 //
-// Tables: enis (from the CiliumNode file), ipam-allocations (the allocator,
-// checkpointed in the state dir), eni-rules and eni-routes (desired state,
+// Tables: enis (from the CiliumNode file, or with the Kubernetes API server
+// from the CiliumNode named after the node: source_k8s.go, same parser),
+// ipam-allocations (the allocator, checkpointed in the state dir and, with
+// the API server, reported in the CiliumNode's status.ipam.used:
+// status_k8s.go), eni-rules and eni-routes (desired state,
 // reconciled). Rules and routes carry the netlink protocol RTProto; pruning
 // removes only those, never the rules of aws-node, Cilium or an operator.
 //

@@ -75,6 +75,13 @@ func (s *source) reload(health cell.Health) {
 		s.log.Info("CiliumNode file is valid again", "path", s.path)
 	}
 	s.lastErr = ""
+	s.apply(health, n)
+}
+
+// apply writes the ENIs of n into the table (initializing it the first
+// time) and reports health OK. The file and the API sources share it: the
+// same CiliumNode gives the same rows.
+func (s *source) apply(health cell.Health, n *CiliumNode) {
 	if w := strings.Join(n.Warnings, "\n"); w != s.lastWarnings {
 		s.lastWarnings = w
 		for _, warning := range n.Warnings {

@@ -13,13 +13,16 @@
 // cilium_ipmasq_v6, derived from the ip-masq-agent-cidrs table.
 //
 // With --enable-network-policy, the cell also reads PolicyEndpoint objects
-// (networking.k8s.aws/v1alpha1) from a directory into the policy-endpoints
+// (networking.k8s.aws/v1alpha1) from a directory, or with the Kubernetes API
+// server from all namespaces (the pods of this node only), into the
+// policy-endpoints
 // table, compiles them per pod IP and direction into the policy-map-entries
 // table (see CompilePod for the semantics and the encoding) and reconciles
 // that into the per-pod network-policy maps enimasq_egress_v4/_v6 and
 // enimasq_ingress_v4/_v6, which the verdict program in package bpf reads.
 // Files: policy_config.go (flags), policyendpoint*.go (objects, parser),
-// policy_source.go (directory watcher), policy_compile.go (compiler),
+// policy_source.go (directory watcher), policy_source_k8s.go (API server
+// informer and the node rule), policy_compile.go (compiler),
 // policy_table.go (entries), policy_derive.go (the job that recompiles only
 // what changed), policy.go (registration), policy_script.go and
 // policy_dump.go (script commands, kernel listing, verdicts).

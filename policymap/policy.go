@@ -9,7 +9,9 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/ipam"
 )
 
 type policySourceParams struct {
@@ -22,17 +24,32 @@ type policySourceParams struct {
 	Table  statedb.RWTable[*PolicyEndpoint]
 	Jobs   job.Group
 	Health cell.Health
+	// Client, when enabled, makes the API server's PolicyEndpoints the
+	// source instead of --policy-endpoints-path.
+	Client *k8sclient.Client `optional:"true"`
+	// ENIs, when the ENI IPAM runs, add the ENIs' primary IPs to the node's
+	// addresses (the node rule of the API source).
+	ENIs statedb.Table[*ipam.ENI] `optional:"true"`
 }
 
 // registerPolicySource fills policy-endpoints from the PolicyEndpoint
-// directory. With --enable-network-policy=false the table is initialized
-// and stays empty.
+// directory, or from the API server when the client is enabled (then
+// --policy-endpoints-path is an error). With --enable-network-policy=false
+// the table is initialized and stays empty.
 func registerPolicySource(p policySourceParams) error {
-	if err := p.Policy.Validate(); err != nil {
+	api := p.Client != nil && p.Client.IsEnabled()
+	if err := p.Policy.validate(api); err != nil {
 		return err
 	}
+	if err := checkPolicySource(p.Policy, p.Client); err != nil {
+		return err
+	}
+	initName := "policy-endpoints-dir"
+	if api && p.Policy.EnableNetworkPolicy {
+		initName = "policy-endpoints-api"
+	}
 	wtxn := p.DB.WriteTxn(p.Table)
-	initDone := p.Table.RegisterInitializer(wtxn, "policy-endpoints-dir")
+	initDone := p.Table.RegisterInitializer(wtxn, initName)
 	if !p.Policy.EnableNetworkPolicy {
 		initDone(wtxn)
 		wtxn.Commit()
@@ -49,6 +66,11 @@ func registerPolicySource(p policySourceParams) error {
 		table:    p.Table,
 		node:     p.Node,
 		initDone: initDone,
+	}
+	if api {
+		k := &policyK8sSource{policySource: s, client: p.Client, enis: p.ENIs}
+		p.Jobs.Add(job.OneShot("watch-policy-endpoints", k.run))
+		return nil
 	}
 	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.run))
 	return nil
@@ -69,6 +91,7 @@ type policyMapParams struct {
 	Reconcile reconciler.Params
 	Ops       *mapOps[*PolicyMapEntry]
 	State     *policyState
+	Client    *k8sclient.Client `optional:"true"`
 }
 
 // policyState holds what the policy-map reconciler registration made, for
@@ -96,7 +119,7 @@ func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
 // reconciles it into the policy maps of the node's families. Nothing is
 // registered (no maps are made) while network policy is disabled.
 func registerPolicyMaps(p policyMapParams) error {
-	if err := p.Policy.Validate(); err != nil {
+	if err := p.Policy.validate(p.Client != nil && p.Client.IsEnabled()); err != nil {
 		return err
 	}
 	if !p.Policy.EnableNetworkPolicy {
