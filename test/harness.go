@@ -100,6 +100,9 @@ type Agent struct {
 	// NetNSName, when set, is the named network namespace (ip netns) the agent
 	// runs in; otherwise it gets a fresh anonymous one.
 	NetNSName string
+	// HostNetwork runs the agent in the test's own network namespace (to
+	// reach an API server on the test's loopback).
+	HostNetwork bool
 
 	cmd    *exec.Cmd
 	stderr *syncBuffer
@@ -151,9 +154,9 @@ func (a *Agent) Command(extra ...string) *exec.Cmd {
 		return cmd
 	}
 	cmd := exec.Command(a.bin.Agent, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNET,
-		Pdeathsig:  syscall.SIGKILL,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if !a.HostNetwork {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
 	return cmd
 }
