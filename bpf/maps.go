@@ -99,7 +99,9 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 		return nil, err
 	}
 	// The new map exists before the old pin goes away, so a failure to create
-	// it never leaves the path empty.
+	// it leaves the old pin in place. Between Unpin and Pin the path is empty
+	// for a moment, and programs already loaded keep the old map: replacing
+	// is for a spec change at upgrade, before the datapath uses the map.
 	if old != nil {
 		err := old.Unpin()
 		old.Close()

@@ -129,13 +129,13 @@ func EncodePolicyKey(pod netip.Addr, peer netip.Prefix) ([]byte, error) {
 func AppendPolicyKey(b []byte, pod netip.Addr, peer netip.Prefix) ([]byte, error) {
 	switch {
 	case !pod.IsValid():
-		return nil, fmt.Errorf("policy key for peer %s: invalid pod address", peer)
+		return b, fmt.Errorf("policy key for peer %s: invalid pod address", peer)
 	case !peer.IsValid():
-		return nil, fmt.Errorf("policy key for pod %s: invalid peer prefix", pod)
+		return b, fmt.Errorf("policy key for pod %s: invalid peer prefix", pod)
 	case pod.Zone() != "":
-		return nil, fmt.Errorf("policy key for pod %s: address has a zone", pod)
+		return b, fmt.Errorf("policy key for pod %s: address has a zone", pod)
 	case FamilyOf(pod) != FamilyOf(peer.Addr()):
-		return nil, fmt.Errorf("policy key for pod %s, peer %s: %s pod with an %s peer: %w",
+		return b, fmt.Errorf("policy key for pod %s, peer %s: %s pod with an %s peer: %w",
 			pod, peer, FamilyOf(pod), FamilyOf(peer.Addr()), ErrWrongFamily)
 	}
 	b = binary.NativeEndian.AppendUint32(b, uint32(pod.BitLen()+peer.Bits()))

@@ -101,9 +101,20 @@ func claimNode(log *slog.Logger, cfg nodeconfig.Config) (*os.File, error) {
 	return lock, nil
 }
 
-// MkdirPrivate creates dir (and parents) and makes dir itself 0700,
-// whatever the process umask.
+// MkdirPrivate creates dir (and parents) 0700, whatever the process umask.
+// An existing directory is left as it is, unless others can write to it.
 func MkdirPrivate(dir string) error {
+	if fi, err := os.Stat(dir); err == nil {
+		// An existing directory (a --api-sock-path in /run, say) is not
+		// the agent's to chmod; a writable-by-others one is refused.
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+			return fmt.Errorf("%s is writable by group or others (%s)", dir, fi.Mode().Perm())
+		}
+		return nil
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}

@@ -384,12 +384,18 @@ func (a *Allocator) WaitProgrammed(ctx context.Context, ip netip.Addr) error {
 			return fmt.Errorf("%w: %s", ErrNotInPool, a.pool(txn).whyNotInPool(al.IP))
 		}
 		cidrs := ResultCIDRs(eni, a.nonMasq(txn), a.settings, familyOf(al.IP))
-		done, err := a.programmed(txn, PodRules(al.IP, al.Owner, eni, cidrs, a.settings), ENIRoutes(eni))
-		if err != nil || done {
-			return err
+		// A row in Error is retried by its reconciler (a route of a just
+		// attached ENI waits for its link): keep waiting, and report the
+		// last error only when the time is up.
+		done, lastErr := a.programmed(txn, PodRules(al.IP, al.Owner, eni, cidrs, a.settings), ENIRoutes(eni))
+		if done && lastErr == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
+			if lastErr != nil {
+				return lastErr
+			}
 			return fmt.Errorf("%w: %s: %w", ErrRulesFailed, ip, ctx.Err())
 		case <-allocWatch:
 		case <-enisWatch:

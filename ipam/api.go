@@ -26,8 +26,12 @@ import (
 // IP), 503 (pool exhausted, not ready, rules failed while waiting) or 500.
 var APIPatterns = []string{"/v1/ipam", "/v1/ipam/"}
 
-// WaitTimeout bounds POST /v1/ipam?wait=true.
-const WaitTimeout = 30 * time.Second
+// WaitTimeout bounds POST /v1/ipam?wait=true; ?timeout=DURATION (up to
+// MaxWaitTimeout) sets another bound, as the CNI plugin's waitSeconds does.
+const (
+	WaitTimeout    = 30 * time.Second
+	MaxWaitTimeout = 5 * time.Minute
+)
 
 // APIError is the body of every error answer.
 type APIError struct {
@@ -113,13 +117,21 @@ func writeError(w http.ResponseWriter, err error, result *AllocationResult) {
 }
 
 func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
-	wait := false
+	wait, timeout := false, WaitTimeout
 	if s := r.URL.Query().Get("wait"); s != "" {
 		var err error
 		if wait, err = strconv.ParseBool(s); err != nil {
 			writeError(w, fmt.Errorf("%w: wait=%q: want true or false", ErrInvalidRequest, s), nil)
 			return
 		}
+	}
+	if s := r.URL.Query().Get("timeout"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 || d > MaxWaitTimeout {
+			writeError(w, fmt.Errorf("%w: timeout=%q: want a duration up to %s", ErrInvalidRequest, s, MaxWaitTimeout), nil)
+			return
+		}
+		timeout = d
 	}
 	var req Request
 	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
@@ -135,7 +147,7 @@ func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait {
-		ctx, cancel := context.WithTimeout(r.Context(), WaitTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		ip := netip.MustParseAddr(result.IP)
 		if err := a.alloc.WaitProgrammed(ctx, ip); err != nil {

@@ -59,10 +59,11 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 		if err := validateOwner(e.Owner); err != nil {
 			return nil, fmt.Errorf("%s: allocations[%d]: %w", path, i, err)
 		}
-		if seen[e.IP] {
+		if ip := e.IP.Unmap(); seen[ip] {
 			return nil, fmt.Errorf("%s: allocations[%d]: %s is listed twice", path, i, e.IP)
+		} else {
+			seen[ip] = true
 		}
-		seen[e.IP] = true
 	}
 	return c.Allocations, nil
 }

@@ -12,6 +12,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// maxENINumber keeps the ENI route table (10+number) below the kernel's
+// reserved tables 253-255.
+const maxENINumber = 242
+
 // MaxCiliumNodeSize bounds the CiliumNode file.
 const MaxCiliumNodeSize = 4 << 20
 
@@ -195,6 +199,11 @@ func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
 	}
 	if *st.Number < 0 {
 		return nil, nil, fmt.Errorf("%s.number: %d is negative", field, *st.Number)
+	}
+	// The ENI's route table is 10+number: 253-255 are the kernel's default,
+	// main and local tables, which enimasq must never write.
+	if *st.Number > maxENINumber {
+		return nil, nil, fmt.Errorf("%s.number: %d is above %d (its route table 10+number would be a reserved table)", field, *st.Number, maxENINumber)
 	}
 	e.Number = *st.Number
 

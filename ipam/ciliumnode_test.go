@@ -88,6 +88,7 @@ func TestParseCiliumNodeErrors(t *testing.T) {
 		{"bad mac", `"0A:58:0A:82:64:0A"`, `"0A:58"`, `status.eni.enis[eni-1].mac: "0A:58" is not an Ethernet MAC address`},
 		{"no number", "number: 0, ", "", "status.eni.enis[eni-1].number: missing"},
 		{"negative number", "number: 0", "number: -1", "is negative"},
+		{"number into the main table", "number: 0", "number: 244", "would be a reserved table"},
 		{"bad subnet", "cidr: 10.0.0.0/20", "cidr: 10.0.0.0/33", "status.eni.enis[eni-1].subnet.cidr"},
 		{"no subnet", "subnet: {cidr: 10.0.0.0/20}, ", "", "subnet.cidr"},
 		{"bad vpc", "primary-cidr: 10.0.0.0/16", "primary-cidr: x", "vpc.primary-cidr"},

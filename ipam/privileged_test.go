@@ -498,7 +498,7 @@ func TestPrivilegedAPI(t *testing.T) {
 		{"GET", "/v1/ipam/10.130.100.200", "", 404, "unknown-ip", "not allocated"},
 		// ENI 2's link is missing: the allocation stands, the answer says
 		// why the pod's egress is not ready.
-		{"POST", "/v1/ipam?wait=true", `{"owner": "shop/c", "ip": "10.130.112.20"}`, 503, "rules-failed", "no link with MAC 0a:58:0a:82:70:0a"},
+		{"POST", "/v1/ipam?wait=true&timeout=300ms", `{"owner": "shop/c", "ip": "10.130.112.20"}`, 503, "rules-failed", "no link with MAC 0a:58:0a:82:70:0a"},
 	} {
 		code, body := a.do(tc.method, tc.path, tc.body)
 		var e ipam.APIError

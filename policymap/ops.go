@@ -3,6 +3,8 @@ package policymap
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -15,7 +17,8 @@ import (
 type mapOps[E bpf.Entry] struct {
 	inner  *bpf.Ops[E]
 	faults *bpf.FaultInjector[E]
-	maps   map[string]*ebpf.Map // the maps the cell opened, by name
+	mu     sync.Mutex
+	maps   map[string]*ebpf.Map // the maps the cell opened, by name; under mu
 }
 
 func newMapOps[E bpf.Entry](cfg Config) *mapOps[E] {
@@ -32,12 +35,24 @@ func (o *mapOps[E]) open(log *slog.Logger, spec *ebpf.MapSpec, dir string) error
 	if err != nil {
 		return fmt.Errorf("open %s: %w", spec.Name, err)
 	}
+	o.mu.Lock()
 	o.maps[spec.Name] = m
+	o.mu.Unlock()
 	o.inner.SetMap(spec.Name, m)
 	return nil
 }
 
+// openMaps is a copy of the open maps, for the shell and script commands,
+// which run concurrently with start and stop.
+func (o *mapOps[E]) openMaps() map[string]*ebpf.Map {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.maps)
+}
+
 func (o *mapOps[E]) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	for name, m := range o.maps {
 		o.inner.SetMap(name, nil)
 		m.Close()

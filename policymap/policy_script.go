@@ -66,7 +66,7 @@ func policyScriptCommands(ops *mapOps[*PolicyMapEntry]) hive.ScriptCmdsOut {
 		return netip.ParseAddr(v)
 	}
 	judge := func(queries [][]string) (string, error) {
-		prog, err := bpf.LoadPolicyProgram(ops.maps)
+		prog, err := bpf.LoadPolicyProgram(ops.openMaps())
 		if err != nil {
 			return "", err
 		}
@@ -77,7 +77,7 @@ func policyScriptCommands(ops *mapOps[*PolicyMapEntry]) hive.ScriptCmdsOut {
 			if err != nil {
 				return "", err
 			}
-			v, err := JudgePacket(prog, ops.maps, q)
+			v, err := JudgePacket(prog, ops.openMaps(), q)
 			if err != nil {
 				return "", err
 			}
@@ -98,7 +98,7 @@ func policyScriptCommands(ops *mapOps[*PolicyMapEntry]) hive.ScriptCmdsOut {
 					return nil, err
 				}
 				return func(*script.State) (string, string, error) {
-					out, err := ListPolicyMaps(ops.maps, pod)
+					out, err := ListPolicyMaps(ops.openMaps(), pod)
 					return out, "", err
 				}, nil
 			}),
@@ -133,7 +133,7 @@ func policyScriptCommands(ops *mapOps[*PolicyMapEntry]) hive.ScriptCmdsOut {
 				}
 				deadline := time.Now().Add(timeout)
 				for {
-					got, err := ListPolicyMaps(ops.maps, pod)
+					got, err := ListPolicyMaps(ops.openMaps(), pod)
 					if err != nil {
 						return nil, err
 					}

@@ -22,7 +22,7 @@ func listIPMasq(masq *mapOps[*MasqEntry]) (string, error) {
 		name string
 		fam  bpf.Family
 	}{{bpf.IPMasqV4MapName, bpf.IPv4}, {bpf.IPMasqV6MapName, bpf.IPv6}} {
-		mp := masq.maps[m.name]
+		mp := masq.openMaps()[m.name]
 		if mp == nil {
 			continue
 		}
@@ -106,7 +106,8 @@ func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
 				if len(args) == 0 {
 					return nil, script.ErrUsage
 				}
-				prog, err := bpf.LoadMasqDecision(masq.maps[bpf.IPMasqV4MapName], masq.maps[bpf.IPMasqV6MapName])
+				open := masq.openMaps()
+				prog, err := bpf.LoadMasqDecision(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName])
 				if err != nil {
 					return nil, err
 				}

@@ -106,13 +106,16 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 }
 
 // allocate asks for an IP for owner and waits until its rules are Done.
-func (c *agentClient) allocate(owner, family string) (*allocation, error) {
-	var a allocation
-	_, err := c.do(http.MethodPost, "/v1/ipam?wait=true", map[string]string{"owner": owner, "family": family}, &a)
+// created is false when the owner already held the IP (a retried ADD): the
+// allocation is then not this call's to undo.
+func (c *agentClient) allocate(owner, family string, wait int) (a *allocation, created bool, err error) {
+	a = &allocation{}
+	path := fmt.Sprintf("/v1/ipam?wait=true&timeout=%ds", wait)
+	code, err := c.do(http.MethodPost, path, map[string]string{"owner": owner, "family": family}, a)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return &a, nil
+	return a, code == http.StatusCreated, nil
 }
 
 // release frees ip; an IP the agent does not know is released already.
@@ -137,15 +140,6 @@ func (c *agentClient) ownedBy(owner string) ([]string, error) {
 		}
 	}
 	return ips, nil
-}
-
-// get returns the allocation of ip.
-func (c *agentClient) get(ip string) (*allocation, error) {
-	var a allocation
-	if _, err := c.do(http.MethodGet, "/v1/ipam/"+url.PathEscape(ip), nil, &a); err != nil {
-		return nil, err
-	}
-	return &a, nil
 }
 
 func (c *agentClient) healthy() error {

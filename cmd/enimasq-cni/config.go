@@ -73,8 +73,10 @@ func owner(args *skel.CmdArgs) (string, error) {
 	if ns != "" && name != "" {
 		return ns + "/" + name, nil
 	}
-	if args.ContainerID == "" {
-		return "", fmt.Errorf("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS and no container ID")
+	if args.ContainerID == "" || strings.ContainsAny(args.ContainerID, "/ ") {
+		return "", fmt.Errorf("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS and no usable container ID (%q)", args.ContainerID)
 	}
-	return args.ContainerID, nil
+	// The allocator wants NAMESPACE/POD: a pod outside Kubernetes is
+	// "cni/<container ID>".
+	return "cni/" + args.ContainerID, nil
 }

@@ -54,7 +54,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
 	}
 	agent := newAgentClient(conf.AgentSocket, time.Duration(conf.WaitSeconds+5)*time.Second)
-	alloc, err := agent.allocate(own, conf.Family)
+	alloc, created, err := agent.allocate(own, conf.Family, conf.WaitSeconds)
 	if err != nil {
 		if errors.As(err, new(errAgentDown)) {
 			return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), "")
@@ -62,17 +62,23 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInternal, "enimasq-cni: allocation for "+own+" failed", err.Error())
 	}
 
-	// From here on, a failure undoes what was made: no half-made pod.
+	// From here on, a failure undoes what this call made, and only that: a
+	// retried ADD of a working pod must not tear it down.
 	hostName := hostVethName(args.ContainerID)
-	done := false
+	done, vethMade := false, false
 	defer func() {
-		if !done {
+		if done {
+			return
+		}
+		if vethMade {
 			ip.DelLinkByName(hostName)
+		}
+		if created {
 			agent.release(alloc.IP)
 		}
 	}()
 
-	result, err := wirePod(args, conf, alloc, hostName)
+	result, err := wirePod(args, conf, alloc, hostName, &vethMade)
 	if err != nil {
 		return types.NewError(types.ErrInternal, "enimasq-cni: wiring pod "+own, err.Error())
 	}
@@ -81,7 +87,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // wirePod creates the veth pair, addresses and routes for an allocation.
-func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *allocation, hostName string) (*current.Result, error) {
+func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *allocation, hostName string, vethMade *bool) (*current.Result, error) {
 	podIP, err := netip.ParseAddr(alloc.IP)
 	if err != nil {
 		return nil, fmt.Errorf("agent returned IP %q: %w", alloc.IP, err)
@@ -121,6 +127,7 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *allocation, hostName stri
 		if err != nil {
 			return fmt.Errorf("veth %s/%s: %w", hostName, args.IfName, err)
 		}
+		*vethMade = true
 		return configurePodSide(args.IfName, podIP, gw, hostIf.HardwareAddr)
 	})
 	if err != nil {
