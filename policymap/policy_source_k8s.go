@@ -92,13 +92,24 @@ func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
 	defer func() { <-done }()
 	go func() {
 		defer close(done)
-		// Node addresses and ENIs change without a PolicyEndpoint event.
+		// Node addresses and ENIs change without a PolicyEndpoint event:
+		// re-evaluate on every change of the enis table and every resync.
 		t := time.NewTicker(s.resync)
 		defer t.Stop()
 		for {
+			var enisChanged <-chan struct{}
+			if s.enis != nil {
+				_, enisChanged = s.enis.AllWatch(s.db.ReadTxn())
+			}
 			select {
 			case <-ctx.Done():
 				return
+			case <-enisChanged:
+				s.mu.Lock()
+				if s.haveLast {
+					s.updateLocked(health, s.last)
+				}
+				s.mu.Unlock()
 			case <-t.C:
 				s.mu.Lock()
 				if s.haveLast {
