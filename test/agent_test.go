@@ -1,11 +1,13 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,10 +149,16 @@ func TestAgentRejectsBadFlagsInOneLine(t *testing.T) {
 			"needs --enable-ipv4-masquerade or --enable-ipv6-masquerade"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			out, err := exec.Command(bin.Agent, append(tc.args, "--state-dir", t.TempDir())...).CombinedOutput()
-			if tc.args[0] == "--state-dir" {
-				out, err = exec.Command(bin.Agent, tc.args...).CombinedOutput()
+			// Hermetic even if a case were accepted: its own state dir, a
+			// bpf root that cannot be mounted, and a deadline.
+			args := tc.args
+			if !slices.Contains(args, "--state-dir") {
+				args = append(args, "--state-dir", t.TempDir())
 			}
+			args = append(args, "--bpf-root", filepath.Join(os.DevNull, "bpf"))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, bin.Agent, args...).CombinedOutput()
 			if err == nil {
 				t.Fatalf("exit 0:\n%s", out)
 			}
