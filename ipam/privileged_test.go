@@ -343,10 +343,15 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 	if al == nil || al.State != ipam.StateOrphaned {
 		t.Errorf("10.130.112.20 after leaving the pool: %+v", al)
 	}
-	routes, err := ipam.KernelRoutes(n.H, []int{unix.AF_INET})
-	if err != nil || routes != "table 11: default via 10.130.96.1 dev eni1\ntable 11: 10.130.96.1 dev eni1 scope link\n" {
-		t.Errorf("routes %v:\n%s", err, routes)
-	}
+	// ENI 2's routes go once its last pod's rows are deleted: the deletes
+	// are reconciled after the rules converged, so wait for them too.
+	c.waitFor("ENI 2's routes removed", func() (bool, string) {
+		routes, err := ipam.KernelRoutes(n.H, []int{unix.AF_INET})
+		if err != nil {
+			return false, err.Error()
+		}
+		return routes == "table 11: default via 10.130.96.1 dev eni1\ntable 11: 10.130.96.1 dev eni1 scope link\n", routes
+	})
 	if got := otherRules(t, n); got != othersBefore {
 		t.Errorf("rules of other protocols changed:\n%s", got)
 	}
