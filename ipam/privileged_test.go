@@ -553,3 +553,30 @@ func TestPrivilegedAPINotReady(t *testing.T) {
 		t.Errorf("POST before the CiliumNode: %d %s", code, body)
 	}
 }
+
+// A restart while the CiliumNode file is missing changes no rule: the
+// desired state is not loaded, so nothing is pruned, however many refresh
+// periods pass.
+func TestPrivilegedRestartWithoutCiliumNodeKeepsRules(t *testing.T) {
+	n := newTestNetNS(t, false)
+	dir := newWorkDir(t)
+	a := threePodAgent(t, n, n.H, dir)
+	a.stop()
+	want := kernelRules(sampleCIDRs, threePods...)
+	if err := os.Remove(filepath.Join(dir, "node", "ciliumnode.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	startAgentNoWait(t, n, n.H, dir, "--eni-netlink-refresh-interval=50ms")
+	// Nothing announces "the agent would have pruned by now": watch the
+	// kernel across twenty refresh periods.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got, err := ipam.KernelRules(n.H, []int{unix.AF_INET})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("rules changed while the CiliumNode was missing:\n%s\nwant:\n%s", got, want)
+		}
+	}
+}
