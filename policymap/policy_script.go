@@ -127,28 +127,9 @@ func policyScriptCommands(ops *mapOps[*PolicyMapEntry]) hive.ScriptCmdsOut {
 				if err != nil {
 					return nil, err
 				}
-				want, err := os.ReadFile(s.Path(args[0]))
-				if err != nil {
-					return nil, err
-				}
-				deadline := time.Now().Add(timeout)
-				for {
-					got, err := ListPolicyMaps(ops.openMaps(), pod)
-					if err != nil {
-						return nil, err
-					}
-					if got == string(want) {
-						return nil, nil
-					}
-					if time.Now().After(deadline) {
-						return nil, fmt.Errorf("policy maps do not match %s:\n%s", args[0], got)
-					}
-					select {
-					case <-s.Context().Done():
-						return nil, s.Context().Err()
-					case <-time.After(10 * time.Millisecond):
-					}
-				}
+				return nil, waitKernelMatches(s, args[0], timeout, "policy maps", func() (string, error) {
+					return ListPolicyMaps(ops.openMaps(), pod)
+				})
 			}),
 		"policymap/policy-verdict": script.Command(
 			script.CmdUsage{

@@ -37,6 +37,34 @@ func listIPMasq(masq *mapOps[*MasqEntry]) (string, error) {
 	return out.String(), nil
 }
 
+// waitKernelMatches reads the kernel with list every 10 ms until it prints
+// what the script file says or the timeout passes. BPF maps have no change
+// notification to wait on.
+func waitKernelMatches(s *script.State, file string, timeout time.Duration, what string, list func() (string, error)) error {
+	want, err := os.ReadFile(s.Path(file))
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := list()
+		if err != nil {
+			return err
+		}
+		if got == string(want) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s do not match %s:\n%s", what, file, got)
+		}
+		select {
+		case <-s.Context().Done():
+			return s.Context().Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // scriptCommands are the cell's shell and script-test commands: they show
 // the kernel maps (not the tables) and inject faults.
 func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
@@ -70,28 +98,7 @@ func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
 				if err != nil {
 					return nil, err
 				}
-				want, err := os.ReadFile(s.Path(args[0]))
-				if err != nil {
-					return nil, err
-				}
-				deadline := time.Now().Add(timeout)
-				for {
-					got, err := listIPMasq(masq)
-					if err != nil {
-						return nil, err
-					}
-					if got == string(want) {
-						return nil, nil
-					}
-					if time.Now().After(deadline) {
-						return nil, fmt.Errorf("ipmasq maps do not match %s:\n%s", args[0], got)
-					}
-					select {
-					case <-s.Context().Done():
-						return nil, s.Context().Err()
-					case <-time.After(10 * time.Millisecond):
-					}
-				}
+				return nil, waitKernelMatches(s, args[0], timeout, "ipmasq maps", func() (string, error) { return listIPMasq(masq) })
 			}),
 		"policymap/masq-decide": script.Command(
 			script.CmdUsage{
