@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/cells/tablesync"
 	"github.com/enimasq/enimasq/ipmasq"
 )
 
@@ -99,58 +100,18 @@ func (d *desiredJob) uninitialized(txn statedb.ReadTxn) <-chan struct{} {
 // rows that differ (compared without their status). New and changed rows
 // are inserted Pending. It returns the number of rows written or deleted.
 func DiffRules(wtxn statedb.WriteTxn, table statedb.RWTable[*Rule], desired []*Rule) int {
-	want := make(map[RuleKey]struct{}, len(desired))
-	for _, r := range desired {
-		want[r.RuleKey] = struct{}{}
-	}
-	var stale []*Rule
-	for old := range table.All(wtxn) {
-		if _, ok := want[old.RuleKey]; !ok {
-			stale = append(stale, old)
-		}
-	}
-	changed := len(stale)
-	for _, old := range stale {
-		table.Delete(wtxn, old)
-	}
-	for _, r := range desired {
-		old, _, found := table.Get(wtxn, RuleKeyIndex.Query(r.RuleKey))
-		if found && old.sameDesired(r) {
-			continue
-		}
-		row := r.Clone()
-		row.Status = reconciler.StatusPending()
-		table.Insert(wtxn, row)
-		changed++
-	}
-	return changed
+	return tablesync.Sync(wtxn, table, desired,
+		func(r *Rule) RuleKey { return r.RuleKey },
+		RuleKeyIndex.Query,
+		(*Rule).sameDesired,
+		func(r *Rule) *Rule { row := r.Clone(); row.Status = reconciler.StatusPending(); return row })
 }
 
 // DiffRoutes is DiffRules for routes.
 func DiffRoutes(wtxn statedb.WriteTxn, table statedb.RWTable[*Route], desired []*Route) int {
-	want := make(map[RouteKey]struct{}, len(desired))
-	for _, r := range desired {
-		want[r.RouteKey] = struct{}{}
-	}
-	var stale []*Route
-	for old := range table.All(wtxn) {
-		if _, ok := want[old.RouteKey]; !ok {
-			stale = append(stale, old)
-		}
-	}
-	changed := len(stale)
-	for _, old := range stale {
-		table.Delete(wtxn, old)
-	}
-	for _, r := range desired {
-		old, _, found := table.Get(wtxn, RouteKeyIndex.Query(r.RouteKey))
-		if found && old.sameDesired(r) {
-			continue
-		}
-		row := r.Clone()
-		row.Status = reconciler.StatusPending()
-		table.Insert(wtxn, row)
-		changed++
-	}
-	return changed
+	return tablesync.Sync(wtxn, table, desired,
+		func(r *Route) RouteKey { return r.RouteKey },
+		RouteKeyIndex.Query,
+		(*Route).sameDesired,
+		func(r *Route) *Route { row := r.Clone(); row.Status = reconciler.StatusPending(); return row })
 }

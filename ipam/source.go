@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // ReadCiliumNodeFile reads and parses the CiliumNode file. A missing file
@@ -134,27 +135,9 @@ func (s *source) fail(health cell.Health, err error) {
 // DiffENIs makes table hold exactly enis, touching only the rows that
 // differ. It returns the number of rows inserted, changed or deleted.
 func DiffENIs(wtxn statedb.WriteTxn, table statedb.RWTable[*ENI], enis []*ENI) int {
-	want := make(map[string]*ENI, len(enis))
-	for _, e := range enis {
-		want[e.ID] = e
-	}
-	var stale []*ENI
-	for old := range table.All(wtxn) {
-		if _, ok := want[old.ID]; !ok {
-			stale = append(stale, old)
-		}
-	}
-	changed := len(stale)
-	for _, old := range stale {
-		table.Delete(wtxn, old)
-	}
-	for _, e := range enis {
-		old, _, found := table.Get(wtxn, ENIIDIndex.Query(e.ID))
-		if found && old.Equal(e) {
-			continue
-		}
-		table.Insert(wtxn, e)
-		changed++
-	}
-	return changed
+	return tablesync.Sync(wtxn, table, enis,
+		func(e *ENI) string { return e.ID },
+		ENIIDIndex.Query,
+		(*ENI).Equal,
+		func(e *ENI) *ENI { return e })
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // ReadFile reads and parses the config file at path. A missing file (or a
@@ -110,28 +111,13 @@ func (s *source) apply(d Desired) int {
 
 // Diff makes table hold exactly rows, touching only the rows that differ.
 func Diff(wtxn statedb.WriteTxn, table statedb.RWTable[*CIDR], rows []CIDR) int {
-	want := make(map[netip.Prefix]struct{}, len(rows))
-	for _, c := range rows {
-		want[c.Prefix] = struct{}{}
-	}
-	var stale []*CIDR
-	for old := range table.All(wtxn) {
-		if _, ok := want[old.Prefix]; !ok {
-			stale = append(stale, old)
-		}
-	}
-	changed := len(stale)
-	for _, old := range stale {
-		table.Delete(wtxn, old)
-	}
+	desired := make([]*CIDR, len(rows))
 	for i := range rows {
-		old, _, found := table.Get(wtxn, PrefixIndex.Query(rows[i].Prefix))
-		if found && *old == rows[i] {
-			continue
-		}
-		row := rows[i]
-		table.Insert(wtxn, &row)
-		changed++
+		desired[i] = &rows[i]
 	}
-	return changed
+	return tablesync.Sync(wtxn, table, desired,
+		func(c *CIDR) netip.Prefix { return c.Prefix },
+		PrefixIndex.Query,
+		func(old, want *CIDR) bool { return *old == *want },
+		func(c *CIDR) *CIDR { row := *c; return &row })
 }
