@@ -323,13 +323,15 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 	if got := ownRulesCount(t, n); got != 3*6 {
 		t.Errorf("%d rules with protocol 237, want 18 (duplicates?)", got)
 	}
-	var got []string
-	for al := range b.allocs.All(b.db.ReadTxn()) {
-		got = append(got, al.IP.String()+" "+al.Owner+" "+string(al.State))
-	}
-	if want := []string{"10.130.100.133 shop/a Allocated", "10.130.100.134 shop/b Allocated", "10.130.112.20 shop/c Allocated"}; !slices.Equal(got, want) {
-		t.Errorf("restored allocations %v, want %v", got, want)
-	}
+	// The pool sync moves restored allocations to Allocated after start.
+	b.waitFor("restored allocations Allocated", func() (bool, string) {
+		var got []string
+		for al := range b.allocs.All(b.db.ReadTxn()) {
+			got = append(got, al.IP.String()+" "+al.Owner+" "+string(al.State))
+		}
+		want := []string{"10.130.100.133 shop/a Allocated", "10.130.100.134 shop/b Allocated", "10.130.112.20 shop/c Allocated"}
+		return slices.Equal(got, want), fmt.Sprint(got)
+	})
 	b.stop()
 
 	// Down again: 10.130.112.20 leaves the pool. At start it is reported,
@@ -339,10 +341,10 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 		strings.Replace(string(node), "      10.130.112.20:\n        resource: eni-0a1b2c3d4e5f00002\n", "", 1))
 	c := startAgent(t, n, n.H, dir)
 	c.waitKernel(kernelRules(sampleCIDRs, threePods[:2]...))
-	al, _, _ := c.allocs.Get(c.db.ReadTxn(), ipam.AllocationIPIndex.Query(netip.MustParseAddr("10.130.112.20")))
-	if al == nil || al.State != ipam.StateOrphaned {
-		t.Errorf("10.130.112.20 after leaving the pool: %+v", al)
-	}
+	c.waitFor("10.130.112.20 reported orphaned", func() (bool, string) {
+		al, _, _ := c.allocs.Get(c.db.ReadTxn(), ipam.AllocationIPIndex.Query(netip.MustParseAddr("10.130.112.20")))
+		return al != nil && al.State == ipam.StateOrphaned, fmt.Sprintf("%+v", al)
+	})
 	// ENI 2's routes go once its last pod's rows are deleted: the deletes
 	// are reconciled after the rules converged, so wait for them too.
 	c.waitFor("ENI 2's routes removed", func() (bool, string) {
