@@ -1,72 +1,30 @@
 package cells
 
 import (
-	"log/slog"
-
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/hive/shell"
-	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/cells/k8sclient"
-	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
 )
 
-// Infrastructure is what every feature cell needs and what an embedding agent
-// (any Cilium-based agent) already has: statedb, the job registry, health,
-// reconciler metrics, the hive shell and the agent API. Feature cells never
-// depend on this cell, only on the objects it provides.
-var Infrastructure = cell.Group(
-	nodeCell, // first: its invoke takes the agent lock before anything starts
-	Core,
-	shellCell,
-	apiCell,
-	k8sclient.Cell,
-)
-
-// Core is the part of Infrastructure that script tests share with the agent:
-// statedb, jobs, health with its `health` command, and reconciler metrics.
-var Core = cell.Group(
-	statedb.Cell,
-	job.Cell,
-	cell.Provide(
-		NewHealthRegistry,
-		func(r *HealthRegistry) cell.Health { return r.Root() },
-		healthCommand,
-		// Unpublished: the agent API serves them at /debug/vars, and tests may
-		// run several hives in one process.
-		reconciler.NewUnpublishedExpVarMetrics,
-		func(m *reconciler.ExpVarMetrics) reconciler.Metrics { return m },
-	),
-)
-
-// shellCell is hive's shell server with its socket defaulting to
-// <state-dir>/shell.sock.
-var shellCell = cell.Decorate(
-	func(c shell.Config, node nodeconfig.Config) shell.Config {
-		c.ShellSockPath = SocketPath(c.ShellSockPath, node.StateDir, "shell.sock")
-		return c
-	},
-	shell.ServerCell(""),
-)
-
-// Features are enimasq's feature cells. Each depends only on statedb, jobs,
-// health and nodeconfig.Config, so an agent that has those links them as is.
+// Features are enimasq's feature cells: the group an embedding agent links.
+// Each depends only on statedb, jobs, health and nodeconfig.Config (and,
+// optionally, a *k8sclient.Client), so an agent that has those links them as
+// is, providing nodeconfig.Config from its own configuration.
 var Features = cell.Group(
 	ipmasq.Cell,
 	policymap.Cell,
 	ipam.Cell,
 )
 
-// Agent is the whole enimasq agent: the infrastructure, the feature cells,
-// and the feature APIs mounted on the agent API socket.
+// Agent is the standalone enimasq agent: the infrastructure (with the
+// node-wide flags), the feature cells, and the feature APIs mounted on the
+// agent API socket.
 var Agent = cell.Group(
-	Infrastructure,
+	infra.Infrastructure,
 	Features,
 	cell.Provide(mountIPAMAPI),
 )
@@ -74,7 +32,7 @@ var Agent = cell.Group(
 // apiHandlersOut adds several handlers to the agent API.
 type apiHandlersOut struct {
 	cell.Out
-	Handlers []APIHandler `group:"api-handlers,flatten"`
+	Handlers []infra.APIHandler `group:"api-handlers,flatten"`
 }
 
 // mountIPAMAPI serves the ENI IPAM API (/v1/ipam) on the agent socket. The
@@ -83,31 +41,10 @@ type apiHandlersOut struct {
 func mountIPAMAPI(api *ipam.API) apiHandlersOut {
 	var out apiHandlersOut
 	for _, pattern := range ipam.APIPatterns {
-		out.Handlers = append(out.Handlers, APIHandler{Pattern: pattern, Handler: api})
+		out.Handlers = append(out.Handlers, infra.APIHandler{Pattern: pattern, Handler: api})
 	}
 	return out
 }
 
-// HiveOptions scopes health and a job.Group to each module, the way Cilium's
-// hive does: a feature cell asks for job.Group and cell.Health and gets its own.
-func HiveOptions() hive.Options {
-	opts := hive.DefaultOptions()
-	opts.ModuleDecorators = cell.ModuleDecorators{
-		// The decorated Health of a parent module is the input of its
-		// child's decorator: scopes nest as "parent.child".
-		func(h cell.Health, id cell.ModuleID) cell.Health {
-			return h.NewScope(string(id))
-		},
-	}
-	opts.ModulePrivateProviders = cell.ModulePrivateProviders{
-		func(reg job.Registry, h cell.Health, log *slog.Logger, id cell.ModuleID) job.Group {
-			return reg.NewGroup(h, job.WithLogger(log))
-		},
-	}
-	return opts
-}
-
-// New builds a hive of the given cells with HiveOptions.
-func New(cells ...cell.Cell) *hive.Hive {
-	return hive.NewWithOptions(HiveOptions(), cells...)
-}
+// New builds a hive of the given cells with infra.HiveOptions.
+func New(cells ...cell.Cell) *hive.Hive { return infra.New(cells...) }

@@ -1,12 +1,12 @@
-// Package cells composes the enimasq agent from Hive cells.
+// Package cells is the composition on top: Features, the group of feature
+// cells an embedding agent links (ipmasq, policymap, ipam), and Agent, the
+// standalone enimasq-agent (Features plus the infrastructure of cells/infra).
 //
-// Infrastructure provides what feature cells expect from the agent they are
-// linked into: a statedb, a job registry with a private job.Group and a health
-// scope per module, reconciler metrics, the hive shell and an HTTP API on a
-// unix socket. Node-wide settings (IP families, bpf root, state dir) become a
-// nodeconfig.Config. Agent is Infrastructure plus the feature cells.
-//
-// The split exists so that a Cilium-based agent can link the feature cells
-// (ipmasq.Cell, policymap.Cell, ipam.Cell) into its own hive, providing
-// nodeconfig.Config itself, without this package.
+// It is the only package that imports both the infrastructure and the
+// features, the way Cilium's daemon/cmd/cells.go sits on pkg/hive. Below it,
+// cells/infra (statedb, jobs, health, shell, the unix-socket API, the node
+// flags), cells/nodeconfig (the settings the embedding agent owns),
+// cells/k8sclient, cells/filewatch and cells/tablesync import no feature.
+// The Cilium agent build (cmd/cilium-agent, its own module) links Features
+// into Cilium's hive and provides nodeconfig.Config from Cilium's options.
 package cells

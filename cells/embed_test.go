@@ -40,6 +40,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 				EnableIPv4: true,
 				BPFRoot:    celltest.PrivateBPFFS(t),
 				StateDir:   t.TempDir(),
+				IPAM:       nodeconfig.IPAM{Mode: nodeconfig.IPAMModeENI},
 			}
 		}),
 		cells.Features,

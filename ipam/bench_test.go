@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
 )
@@ -116,9 +116,8 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	writeAtomic(b, filepath.Join(dir, "ciliumnode.yaml"), benchCiliumNode())
 
 	var initCIDRs func(statedb.WriteTxn)
-	h := cells.New(
-		cells.Core, cells.NodeConfigCell,
-		cell.Config(ipmasq.DefaultConfig),
+	h := infra.New(
+		infra.Core, infra.NodeConfigCell,
 		// The ip-masq-agent-cidrs table, written by the benchmark itself:
 		// no file watcher in the timed path.
 		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*ipmasq.CIDR], statedb.Table[*ipmasq.CIDR], error) {

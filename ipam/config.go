@@ -3,13 +3,11 @@ package ipam
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/ipmasq"
 )
 
 // Egress rule modes (--eni-egress-rule-mode).
@@ -22,15 +20,15 @@ const (
 	EgressModeAll = "all"
 )
 
-// IPAMModeENI is the only IPAM mode (--ipam).
-const IPAMModeENI = "eni"
+// IPAMModeENI is the only IPAM mode enimasq's ENI cells act in (--ipam).
+const IPAMModeENI = nodeconfig.IPAMModeENI
 
-// Config holds the ENI IPAM flags, with Cilium's names where Cilium has them.
+// Config holds the flags that only enimasq's ENI IPAM has. The IPAM mode and
+// the native-routing CIDR are settings of the embedding agent
+// (nodeconfig.IPAM).
 type Config struct {
-	IPAM                    string        `mapstructure:"ipam"`
 	CiliumNodePath          string        `mapstructure:"ciliumnode-path"`
 	CiliumNodeResync        time.Duration `mapstructure:"ciliumnode-resync-interval"`
-	IPv4NativeRoutingCIDR   string        `mapstructure:"ipv4-native-routing-cidr"`
 	ENIEgressRuleMode       string        `mapstructure:"eni-egress-rule-mode"`
 	ENINetlinkRetryMin      time.Duration `mapstructure:"eni-netlink-retry-min"`
 	ENINetlinkRetryMax      time.Duration `mapstructure:"eni-netlink-retry-max"`
@@ -39,10 +37,8 @@ type Config struct {
 
 // DefaultConfig is the default ENI IPAM configuration.
 var DefaultConfig = Config{
-	IPAM:                    IPAMModeENI,
 	CiliumNodePath:          "/etc/config/ciliumnode",
 	CiliumNodeResync:        60 * time.Second,
-	IPv4NativeRoutingCIDR:   "",
 	ENIEgressRuleMode:       EgressModeCIDR,
 	ENINetlinkRetryMin:      100 * time.Millisecond,
 	ENINetlinkRetryMax:      time.Minute,
@@ -50,10 +46,8 @@ var DefaultConfig = Config{
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.String("ipam", def.IPAM, `IP address management mode; only "eni" (AWS ENI, from the CiliumNode file) is supported`)
 	flags.String("ciliumnode-path", def.CiliumNodePath, "CiliumNode file of this node (YAML or JSON, as kubectl get ciliumnode NODE -o yaml prints it); its directory is watched. With the Kubernetes API server enabled, the CiliumNode named after the node is read from it instead, and setting this flag is an error")
 	flags.Duration("ciliumnode-resync-interval", def.CiliumNodeResync, "Re-read the CiliumNode file this often, in case a file event was missed")
-	flags.String("ipv4-native-routing-cidr", def.IPv4NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv4 allocation")
 	flags.String("eni-egress-rule-mode", def.ENIEgressRuleMode, `Pod egress ip rules: "cidr" (one rule per CIDR of the allocation result) or "all" (one rule for all destinations)`)
 	flags.Duration("eni-netlink-retry-min", def.ENINetlinkRetryMin, "Backoff before the first retry of a failed ip rule or route")
 	flags.Duration("eni-netlink-retry-max", def.ENINetlinkRetryMax, "Longest backoff between retries of a failed ip rule or route")
@@ -72,7 +66,17 @@ type Settings struct {
 	MasqueradeV4, MasqueradeV6 bool
 	// EnableIPv4 and EnableIPv6 are the families the node runs.
 	EnableIPv4, EnableIPv6 bool
+	// Allocator is who hands out pod IPs and writes their rules at ADD:
+	// nodeconfig.AllocatorEnimasq or nodeconfig.AllocatorCilium.
+	Allocator string
+	// PodRules is the shape (priorities, table offset, protocol) of the
+	// pod rules.
+	PodRules nodeconfig.PodRules
 }
+
+// OwnsAllocations says whether enimasq's own allocator (and its CNI API,
+// checkpoint and ENI routes) runs, rather than Cilium's IPAM.
+func (s Settings) OwnsAllocations() bool { return s.Allocator != nodeconfig.AllocatorCilium }
 
 // Masquerade says whether masquerading is on for the family of addr.
 func (s Settings) Masquerade(addr netip.Addr) bool {
@@ -91,31 +95,34 @@ func (s Settings) FamilyEnabled(addr netip.Addr) bool {
 }
 
 // NewSettings validates the flags. Errors name the flag.
-func NewSettings(c Config, masq ipmasq.Config, node nodeconfig.Config) (Settings, error) {
-	if c.IPAM != IPAMModeENI {
-		return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", c.IPAM, IPAMModeENI)
+func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
+	if node.IPAM.Mode != IPAMModeENI {
+		return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", node.IPAM.Mode, IPAMModeENI)
 	}
 	s := Settings{
-		EgressMode:   c.ENIEgressRuleMode,
-		MasqueradeV4: masq.EnableBPFMasquerade && masq.EnableIPv4Masquerade,
-		MasqueradeV6: masq.EnableBPFMasquerade && masq.EnableIPv6Masquerade,
-		EnableIPv4:   node.EnableIPv4,
-		EnableIPv6:   node.EnableIPv6,
+		EgressMode:        c.ENIEgressRuleMode,
+		NativeRoutingCIDR: node.IPAM.IPv4NativeRoutingCIDR,
+		MasqueradeV4:      node.Masquerade.V4(),
+		MasqueradeV6:      node.Masquerade.V6(),
+		EnableIPv4:        node.EnableIPv4,
+		EnableIPv6:        node.EnableIPv6,
+		Allocator:         node.IPAM.Allocator,
+		PodRules:          node.IPAM.PodRules,
+	}
+	switch s.Allocator {
+	case "":
+		s.Allocator = nodeconfig.AllocatorEnimasq
+	case nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium:
+	default:
+		return Settings{}, fmt.Errorf("pod IP allocator %q: want %q or %q", s.Allocator, nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium)
+	}
+	if s.PodRules == (nodeconfig.PodRules{}) {
+		s.PodRules = nodeconfig.EnimasqPodRules
 	}
 	switch c.ENIEgressRuleMode {
 	case EgressModeCIDR, EgressModeAll:
 	default:
 		return Settings{}, fmt.Errorf("--eni-egress-rule-mode %q: want %q or %q", c.ENIEgressRuleMode, EgressModeCIDR, EgressModeAll)
-	}
-	if c.IPv4NativeRoutingCIDR != "" {
-		p, err := netip.ParsePrefix(strings.TrimSpace(c.IPv4NativeRoutingCIDR))
-		if err != nil || !p.Addr().Is4() {
-			return Settings{}, fmt.Errorf("--ipv4-native-routing-cidr %q: not an IPv4 CIDR", c.IPv4NativeRoutingCIDR)
-		}
-		if p.Masked() != p {
-			return Settings{}, fmt.Errorf("--ipv4-native-routing-cidr %q: host bits set (did you mean %s?)", c.IPv4NativeRoutingCIDR, p.Masked())
-		}
-		s.NativeRoutingCIDR = p
 	}
 	switch {
 	case c.CiliumNodePath == "":

@@ -25,7 +25,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
 )
@@ -96,13 +96,13 @@ func startAgent(t testing.TB, n *testNetNS, nl ipam.Netlink, dir string, extra .
 func startAgentNoWait(t testing.TB, n *testNetNS, nl ipam.Netlink, dir string, extra ...string) *agent {
 	t.Helper()
 	a := &agent{t: t, nl: nl, log: hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))}
-	cs := append([]cell.Cell{cells.Core, cells.NodeConfigCell}, testCells(n, nl)...)
+	cs := append([]cell.Cell{infra.Core, infra.NodeConfigCell}, testCells(n, nl)...)
 	cs = append(cs, cell.Invoke(func(db *statedb.DB, alloc *ipam.Allocator, api *ipam.API,
 		allocs statedb.Table[*ipam.Allocation], rules statedb.Table[*ipam.Rule],
 		routes statedb.Table[*ipam.Route], cidrs statedb.Table[*ipmasq.CIDR]) {
 		a.db, a.alloc, a.api, a.allocs, a.rules, a.routes, a.cidrs = db, alloc, api, allocs, rules, routes, cidrs
 	}))
-	a.h = cells.New(cs...)
+	a.h = infra.New(cs...)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	a.h.RegisterFlags(flags)
 	args := append([]string{

@@ -6,16 +6,18 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 // Cell provides Table[*CIDR] (ip-masq-agent-cidrs) and keeps it in step with
 // the ip-masq-agent config file. With --enable-ip-masq-agent=false the table
-// exists, is initialized and stays empty.
+// exists, is initialized and stays empty. Its settings are
+// nodeconfig.IPMasqAgent, owned by the embedding agent.
 var Cell = cell.Module(
 	"ipmasq",
 	"ip-masq-agent non-masquerade CIDRs",
 
-	cell.Config(DefaultConfig),
 	cell.ProvidePrivate(NewTable),
 	cell.Provide(statedb.RWTable[*CIDR].ToTable),
 	cell.Invoke(registerSource),
@@ -24,7 +26,7 @@ var Cell = cell.Module(
 type sourceParams struct {
 	cell.In
 
-	Config Config
+	Node   nodeconfig.Config
 	Log    *slog.Logger
 	DB     *statedb.DB
 	Table  statedb.RWTable[*CIDR]
@@ -33,12 +35,13 @@ type sourceParams struct {
 }
 
 func registerSource(p sourceParams) error {
-	if err := p.Config.Validate(); err != nil {
+	agent := p.Node.IPMasqAgent
+	if err := agent.Validate(p.Node.Masquerade); err != nil {
 		return err
 	}
 	wtxn := p.DB.WriteTxn(p.Table)
 	initDone := p.Table.RegisterInitializer(wtxn, "ip-masq-agent-config")
-	if !p.Config.EnableIPMasqAgent {
+	if !agent.Enabled {
 		initDone(wtxn)
 		wtxn.Commit()
 		p.Health.OK("Disabled (--enable-ip-masq-agent=false)")
@@ -47,8 +50,8 @@ func registerSource(p sourceParams) error {
 	wtxn.Commit()
 
 	s := &source{
-		path:     p.Config.IPMasqAgentConfigPath,
-		resync:   p.Config.IPMasqAgentResyncInterval,
+		path:     agent.ConfigPath,
+		resync:   agent.ResyncInterval,
 		log:      p.Log,
 		db:       p.DB,
 		table:    p.Table,

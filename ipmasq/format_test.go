@@ -112,23 +112,6 @@ func TestParseLimitsCIDRsPerFamilyToTheMapSize(t *testing.T) {
 	}
 }
 
-func TestConfigValidateNamesTheMissingFlag(t *testing.T) {
-	c := DefaultConfig
-	c.EnableIPMasqAgent = true
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-bpf-masquerade") {
-		t.Errorf("without BPF masquerade: %v", err)
-	}
-	c.EnableBPFMasquerade = true
-	c.EnableIPv4Masquerade, c.EnableIPv6Masquerade = false, false
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-ipv4-masquerade or --enable-ipv6-masquerade") {
-		t.Errorf("without family masquerade: %v", err)
-	}
-	c.EnableIPv6Masquerade = true
-	if err := c.Validate(); err != nil {
-		t.Errorf("valid: %v", err)
-	}
-}
-
 // FuzzParse: no input panics, and an accepted file's rows, written back out
 // and parsed again, give the same rows.
 func FuzzParse(f *testing.F) {

@@ -25,19 +25,20 @@ type masqFamily struct {
 	skipped string // why the family is not programmed
 }
 
-func masqFamilies(node nodeconfig.Config, cfg ipmasq.Config) (v4, v6 masqFamily) {
+func masqFamilies(node nodeconfig.Config) (v4, v6 masqFamily) {
+	cfg := node.Masquerade
 	v4 = masqFamily{name: "cilium_ipmasq_v4", spec: bpf.IPMasqV4Spec, enabled: true}
 	v6 = masqFamily{name: "cilium_ipmasq_v6", spec: bpf.IPMasqV6Spec, enabled: true}
 	switch {
 	case !node.EnableIPv4:
 		v4.enabled, v4.skipped = false, "IPv4 is disabled on this node (--enable-ipv4=false)"
-	case !cfg.EnableIPv4Masquerade:
+	case !cfg.IPv4:
 		v4.enabled, v4.skipped = false, "IPv4 masquerading is off (--enable-ipv4-masquerade=false)"
 	}
 	switch {
 	case !node.EnableIPv6:
 		v6.enabled, v6.skipped = false, "IPv6 is disabled on this node (--enable-ipv6=false)"
-	case !cfg.EnableIPv6Masquerade:
+	case !cfg.IPv6:
 		v6.enabled, v6.skipped = false, "IPv6 masquerading is off (--enable-ipv6-masquerade=false)"
 	}
 	return v4, v6
@@ -69,7 +70,6 @@ type masqParams struct {
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Node      nodeconfig.Config
-	IPMasq    ipmasq.Config
 	Config    Config
 	Derive    statedb.DeriveParams[*ipmasq.CIDR, *MasqEntry]
 	Table     statedb.RWTable[*MasqEntry]
@@ -85,11 +85,11 @@ func registerMasq(p masqParams) error {
 	if err := p.Config.validate(); err != nil {
 		return err
 	}
-	if !p.IPMasq.EnableIPMasqAgent {
+	if !p.Node.IPMasqAgent.Enabled {
 		p.Health.NewScope("masq").OK("No ipmasq maps: --enable-ip-masq-agent=false")
 		return nil
 	}
-	v4, v6 := masqFamilies(p.Node, p.IPMasq)
+	v4, v6 := masqFamilies(p.Node)
 
 	// Open the enabled families' maps before the reconciler starts.
 	p.Lifecycle.Append(cell.Hook{

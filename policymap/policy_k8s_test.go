@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/tools/txtar"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/ipmasq"
@@ -76,7 +76,7 @@ current-context: c
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := cells.New(cells.Core, cells.NodeConfigCell, k8sclient.Cell, ipmasq.Cell, policymap.Cell)
+	h := infra.New(infra.Core, infra.NodeConfigCell, k8sclient.Cell, ipmasq.Cell, policymap.Cell)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse([]string{"--k8s-kubeconfig-path=" + kubeconfig, "--k8s-node-name=node-1",

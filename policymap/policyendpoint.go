@@ -171,10 +171,7 @@ var (
 			for _, p := range pe.Pods {
 				keys = append(keys, index.NetIPAddr(p.PodIP))
 			}
-			if len(keys) == 0 {
-				return index.EmptyKeySet
-			}
-			return index.NewKeySet(keys[0], keys[1:]...)
+			return index.NewKeySet(keys...)
 		},
 		FromKey:    index.NetIPAddr,
 		FromString: index.NetIPAddrString,

@@ -26,11 +26,11 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/tools/txtar"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/cells/infra"
 )
 
 // Run runs the scripts matching pattern (e.g. "testdata/*.txtar"), in
-// parallel, each with a new hive of cells.Core, the node config and the given
+// parallel, each with a new hive of infra.Core, the node config and the given
 // cells. In the #! line, $WORK is the script's work dir. $BPFROOT is the
 // script's private bpffs (the --bpf-root).
 func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
@@ -70,7 +70,7 @@ func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) 
 // NewEngine builds the script engine for one script.
 func NewEngine(t testing.TB, args []string, extra ...cell.Cell) *script.Engine {
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelDebug))
-	h := cells.New(append([]cell.Cell{cells.Core, cells.NodeConfigCell}, extra...)...)
+	h := infra.New(append([]cell.Cell{infra.Core, infra.NodeConfigCell}, extra...)...)
 
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)

@@ -350,13 +350,18 @@ func containsRouteVia(routes []netlink.Route, ifindex int) bool {
 	return false
 }
 
+// errPluginNotAvailable is the CNI 1.1 STATUS error code 50 ("the plugin is
+// not available"), which containernetworking/cni v1.3.0 (the version Cilium
+// v1.20.2 pins) does not name yet.
+const errPluginNotAvailable uint = 50
+
 func cmdStatus(args *skel.CmdArgs) error {
 	conf, err := loadConf(args.StdinData)
 	if err != nil {
 		return types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
 	}
 	if err := newAgentClient(conf.AgentSocket, 5*time.Second).healthy(); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, "enimasq-cni: "+err.Error(), "")
+		return types.NewError(errPluginNotAvailable, "enimasq-cni: "+err.Error(), "")
 	}
 	return nil
 }

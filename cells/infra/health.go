@@ -1,4 +1,4 @@
-package cells
+package infra
 
 import (
 	"cmp"

@@ -1,11 +1,14 @@
-package cells
+package infra
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"net/netip"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
@@ -14,12 +17,26 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
-// NodeFlags are the node-wide flags; they become a nodeconfig.Config.
+// NodeFlags are the node-wide flags of the standalone agent; they become a
+// nodeconfig.Config. They are the settings a Cilium agent owns, with
+// Cilium's names and defaults, so that one command line means the same to
+// both; in the Cilium build Cilium declares them and fills nodeconfig.Config.
 type NodeFlags struct {
 	EnableIPv4 bool   `mapstructure:"enable-ipv4"`
 	EnableIPv6 bool   `mapstructure:"enable-ipv6"`
 	BPFRoot    string `mapstructure:"bpf-root"`
 	StateDir   string `mapstructure:"state-dir"`
+
+	EnableBPFMasquerade  bool `mapstructure:"enable-bpf-masquerade"`
+	EnableIPv4Masquerade bool `mapstructure:"enable-ipv4-masquerade"`
+	EnableIPv6Masquerade bool `mapstructure:"enable-ipv6-masquerade"`
+
+	EnableIPMasqAgent         bool          `mapstructure:"enable-ip-masq-agent"`
+	IPMasqAgentConfigPath     string        `mapstructure:"ip-masq-agent-config-path"`
+	IPMasqAgentResyncInterval time.Duration `mapstructure:"ip-masq-agent-resync-interval"`
+
+	IPAM                  string `mapstructure:"ipam"`
+	IPv4NativeRoutingCIDR string `mapstructure:"ipv4-native-routing-cidr"`
 }
 
 var defaultNodeFlags = NodeFlags{
@@ -27,6 +44,16 @@ var defaultNodeFlags = NodeFlags{
 	EnableIPv6: false,
 	BPFRoot:    "/sys/fs/bpf",
 	StateDir:   "/var/run/enimasq",
+
+	EnableBPFMasquerade:  false,
+	EnableIPv4Masquerade: true,
+	EnableIPv6Masquerade: true,
+
+	EnableIPMasqAgent:         false,
+	IPMasqAgentConfigPath:     nodeconfig.DefaultIPMasqAgentConfigPath,
+	IPMasqAgentResyncInterval: nodeconfig.DefaultIPMasqAgentResyncInterval,
+
+	IPAM: nodeconfig.IPAMModeENI,
 }
 
 func (def NodeFlags) Flags(flags *pflag.FlagSet) {
@@ -34,6 +61,14 @@ func (def NodeFlags) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-ipv6", def.EnableIPv6, "Program IPv6 state on this node")
 	flags.String("bpf-root", def.BPFRoot, "bpffs mount point; a bpffs is mounted there if none is")
 	flags.String("state-dir", def.StateDir, "Directory for sockets, checkpoints and the agent lock (created 0700)")
+	flags.Bool("enable-bpf-masquerade", def.EnableBPFMasquerade, "Masquerade in BPF (the ip-masq-agent programs Cilium's ipmasq maps)")
+	flags.Bool("enable-ipv4-masquerade", def.EnableIPv4Masquerade, "Masquerade IPv4 traffic leaving the node")
+	flags.Bool("enable-ipv6-masquerade", def.EnableIPv6Masquerade, "Masquerade IPv6 traffic leaving the node")
+	flags.Bool("enable-ip-masq-agent", def.EnableIPMasqAgent, "Read the non-masquerade CIDRs from the ip-masq-agent config file (needs --enable-bpf-masquerade)")
+	flags.String("ip-masq-agent-config-path", def.IPMasqAgentConfigPath, "ip-masq-agent config file (YAML or JSON); its directory is watched")
+	flags.Duration("ip-masq-agent-resync-interval", def.IPMasqAgentResyncInterval, "Re-read the config file this often, in case a file event was missed")
+	flags.String("ipam", def.IPAM, `IP address management mode; only "eni" (AWS ENI, from the CiliumNode file) is supported`)
+	flags.String("ipv4-native-routing-cidr", def.IPv4NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv4 allocation")
 }
 
 func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
@@ -44,13 +79,44 @@ func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
 		return nodeconfig.Config{}, fmt.Errorf("--bpf-root %q: must be an absolute path", f.BPFRoot)
 	case f.StateDir == "" || !filepath.IsAbs(f.StateDir):
 		return nodeconfig.Config{}, fmt.Errorf("--state-dir %q: must be an absolute path", f.StateDir)
+	case f.IPAM != nodeconfig.IPAMModeENI:
+		return nodeconfig.Config{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", f.IPAM, nodeconfig.IPAMModeENI)
 	}
-	return nodeconfig.Config{
+	cfg := nodeconfig.Config{
 		EnableIPv4: f.EnableIPv4,
 		EnableIPv6: f.EnableIPv6,
 		BPFRoot:    filepath.Clean(f.BPFRoot),
 		StateDir:   filepath.Clean(f.StateDir),
-	}, nil
+		Masquerade: nodeconfig.Masquerade{
+			BPF:  f.EnableBPFMasquerade,
+			IPv4: f.EnableIPv4Masquerade,
+			IPv6: f.EnableIPv6Masquerade,
+		},
+		IPMasqAgent: nodeconfig.IPMasqAgent{
+			Enabled:        f.EnableIPMasqAgent,
+			ConfigPath:     f.IPMasqAgentConfigPath,
+			ResyncInterval: f.IPMasqAgentResyncInterval,
+		},
+		IPAM: nodeconfig.IPAM{
+			Mode:      f.IPAM,
+			Allocator: nodeconfig.AllocatorEnimasq,
+			PodRules:  nodeconfig.EnimasqPodRules,
+		},
+	}
+	if err := cfg.IPMasqAgent.Validate(cfg.Masquerade); err != nil {
+		return nodeconfig.Config{}, err
+	}
+	if f.IPv4NativeRoutingCIDR != "" {
+		p, err := netip.ParsePrefix(strings.TrimSpace(f.IPv4NativeRoutingCIDR))
+		if err != nil || !p.Addr().Is4() {
+			return nodeconfig.Config{}, fmt.Errorf("--ipv4-native-routing-cidr %q: not an IPv4 CIDR", f.IPv4NativeRoutingCIDR)
+		}
+		if p.Masked() != p {
+			return nodeconfig.Config{}, fmt.Errorf("--ipv4-native-routing-cidr %q: host bits set (did you mean %s?)", f.IPv4NativeRoutingCIDR, p.Masked())
+		}
+		cfg.IPAM.IPv4NativeRoutingCIDR = p
+	}
+	return cfg, nil
 }
 
 // ErrAlreadyRunning is returned when another agent holds the state dir.
