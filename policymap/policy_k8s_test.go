@@ -17,8 +17,8 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/tools/txtar"
 
-	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/celltest"
+	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
