@@ -38,12 +38,23 @@ func LPMSpec(name string, keySize, valueSize, maxEntries uint32) *ebpf.MapSpec {
 
 // IPMasqV4Spec describes cilium_ipmasq_v4: IPv4 LPM keys, u8 values.
 func IPMasqV4Spec() *ebpf.MapSpec {
-	return LPMSpec(IPMasqV4MapName, KeySizeV4, ipMasqValueSize, IPMasqMaxEntries)
+	return ipMasqSpec(IPMasqV4MapName, KeySizeV4)
 }
 
 // IPMasqV6Spec describes cilium_ipmasq_v6: IPv6 LPM keys, u8 values.
 func IPMasqV6Spec() *ebpf.MapSpec {
-	return LPMSpec(IPMasqV6MapName, KeySizeV6, ipMasqValueSize, IPMasqMaxEntries)
+	return ipMasqSpec(IPMasqV6MapName, KeySizeV6)
+}
+
+// ipMasqSpec is Cilium v1.20.2's spec of the ipmasq maps
+// (pkg/maps/ipmasq, bpf/lib/nat.h): programs only read them
+// (BPF_F_RDONLY_PROG). The flags must be Cilium's exactly: in the Cilium
+// build, Cilium's ip-masq-maps cell creates the maps before enimasq opens
+// them, and a map of another spec is replaced by either side.
+func ipMasqSpec(name string, keySize uint32) *ebpf.MapSpec {
+	spec := LPMSpec(name, keySize, ipMasqValueSize, IPMasqMaxEntries)
+	spec.Flags |= unix.BPF_F_RDONLY_PROG
+	return spec
 }
 
 // GlobalsDir is the directory where Cilium pins its global maps under the

@@ -77,7 +77,11 @@ type allocatorParams struct {
 // allocation's ENI and state in step with the pool.
 func newAllocator(p allocatorParams) *Allocator {
 	wtxn := p.DB.WriteTxn(p.Allocs)
-	restoreDone := p.Allocs.RegisterInitializer(wtxn, "ipam-checkpoint")
+	initializer := "ipam-checkpoint"
+	if !p.Settings.OwnsAllocations() {
+		initializer = "ciliumnode-ipam-used"
+	}
+	restoreDone := p.Allocs.RegisterInitializer(wtxn, initializer)
 	wtxn.Commit()
 	a := &Allocator{
 		log:            p.Log,
@@ -95,6 +99,11 @@ func newAllocator(p allocatorParams) *Allocator {
 	}
 	if p.Client != nil && p.Client.IsEnabled() {
 		a.ciliumNodePath = "the API server (ciliumnodes/" + p.Client.NodeName() + ")"
+	}
+	if !p.Settings.OwnsAllocations() {
+		// Cilium's IPAM allocates: follow its allocations (cilium.go).
+		p.Jobs.Add(job.OneShot("follow-cilium-allocations", a.followCilium))
+		return a
 	}
 	p.Jobs.Add(
 		job.OneShot("restore-allocations", a.restore),
@@ -177,6 +186,7 @@ type reconcilerParams struct {
 	cell.In
 
 	Config    Config
+	Settings  Settings
 	Reconcile reconciler.Params
 	Rules     statedb.RWTable[*Rule]
 	Routes    statedb.RWTable[*Route]
@@ -200,10 +210,15 @@ func registerReconcilers(p reconcilerParams) error {
 	if _, err := reconciler.Register(
 		p.Reconcile, p.Rules,
 		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,
-		&ruleOps{nl: p.Netlink}, nil,
+		&ruleOps{nl: p.Netlink, settings: p.Settings}, nil,
 		reconcilerOptions(p.Config, "eni-rules")...,
 	); err != nil {
 		return err
+	}
+	if !p.Settings.OwnsAllocations() {
+		// With Cilium's IPAM the ENI tables' routes are Cilium's: no route
+		// reconciler (its pruning would look at Cilium's protocol).
+		return nil
 	}
 	_, err := reconciler.Register(
 		p.Reconcile, p.Routes,

@@ -74,6 +74,12 @@ type ciliumNodeFile struct {
 		ENI struct {
 			ENIs map[string]eniStatus `json:"enis"`
 		} `json:"eni"`
+		IPAM struct {
+			Used map[string]struct {
+				Owner    string `json:"owner"`
+				Resource string `json:"resource"`
+			} `json:"used"`
+		} `json:"ipam"`
 	} `json:"status"`
 }
 
@@ -171,8 +177,27 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		e.Pool = append(e.Pool, ip)
 	}
 
+	for _, ipStr := range slices.Sorted(maps.Keys(f.Status.IPAM.Used)) {
+		entry := f.Status.IPAM.Used[ipStr]
+		field := fmt.Sprintf("status.ipam.used[%s]", ipStr)
+		ip, err := netip.ParseAddr(ipStr)
+		if err != nil || ip.Zone() != "" || ip.Is4In6() {
+			return nil, fmt.Errorf("%s: %q is not an IP address", field, ipStr)
+		}
+		e, ok := byID[entry.Resource]
+		switch {
+		case !ok:
+			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: ENI %q is not in status.eni.enis: its rules are not kept", field, entry.Resource))
+		case !slices.Contains(e.Pool, ip):
+			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: %s is not in the pool of %s: its rules are not kept", field, ip, e.ID))
+		default:
+			e.Used = append(e.Used, UsedIP{IP: ip, Owner: entry.Owner})
+		}
+	}
+
 	for _, e := range byID {
 		slices.SortFunc(e.Pool, netip.Addr.Compare)
+		slices.SortFunc(e.Used, func(a, b UsedIP) int { return a.IP.Compare(b.IP) })
 		n.ENIs = append(n.ENIs, e)
 	}
 	slices.SortFunc(n.ENIs, func(a, b *ENI) int {

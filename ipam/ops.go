@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RTProto is the netlink protocol number enimasq's ip rules and routes
-// carry (`ip rule` shows "proto 237"). Pruning deletes only rules and routes
+// RTProto is the netlink protocol number enimasq's own ip rules and routes
+// carry (nodeconfig.EnimasqPodRules.Protocol) (`ip rule` shows "proto 237"). Pruning deletes only rules and routes
 // with this number, so rules of aws-node, Cilium (proto kernel), an operator
 // (proto boot/static) or routing daemons are never touched.
 //
@@ -27,6 +27,7 @@ import (
 // Calico 80, aws-node 3/unspec). Documentation/eni-ipam.md shows how to
 // name it in /etc/iproute2/rt_protos.d.
 const RTProto = 237
+
 
 // Netlink is the part of *netlink.Handle the reconcilers use. A
 // *netlink.Handle implements it; tests wrap one to count operations.
@@ -125,12 +126,12 @@ func listAll[T any](list func() ([]T, error)) ([]T, error) {
 
 // netlinkRule is the kernel rule of a key: only priority, selectors, table
 // and protocol are set.
-func netlinkRule(k RuleKey, family int) *netlink.Rule {
+func netlinkRule(k RuleKey, family, protocol int) *netlink.Rule {
 	r := netlink.NewRule()
 	r.Priority = k.Priority
 	r.Family = family
 	r.Table = k.Table
-	r.Protocol = RTProto
+	r.Protocol = uint8(protocol)
 	if k.From.IsValid() {
 		r.Src = ipNet(k.From)
 	}
@@ -159,15 +160,19 @@ func ruleKeyOf(r *netlink.Rule) (RuleKey, bool) {
 // ListRules returns the kernel's rules with enimasq's protocol, sorted by
 // priority (the kernel's order within a priority is kept).
 func ListRules(nl Netlink, families []int) ([]netlink.Rule, error) {
+	return listRules(nl, families, func(r *netlink.Rule) bool { return r.Protocol == RTProto })
+}
+
+func listRules(nl Netlink, families []int, owned func(*netlink.Rule) bool) ([]netlink.Rule, error) {
 	var out []netlink.Rule
 	for _, fam := range families {
 		rules, err := listAll(func() ([]netlink.Rule, error) { return nl.RuleList(fam) })
 		if err != nil {
 			return nil, fmt.Errorf("ip rule list: %w", err)
 		}
-		for _, r := range rules {
-			if r.Protocol == RTProto {
-				out = append(out, r)
+		for i := range rules {
+			if owned(&rules[i]) {
+				out = append(out, rules[i])
 			}
 		}
 	}
@@ -175,13 +180,36 @@ func ListRules(nl Netlink, families []int) ([]netlink.Rule, error) {
 	return out, nil
 }
 
+// ownsRule says whether a kernel rule is one that enimasq writes and may
+// prune.
+//
+// With its own allocator, every rule with enimasq's protocol is. With
+// Cilium's IPAM, the pod rules carry Cilium's protocol (RTPROT_KERNEL), which
+// the kernel's own rules (0: local, 32766: main, 32767: default) and other
+// writers share: only a pod's egress rule in Cilium's shape is enimasq's to
+// keep in step: the egress priority, from a single address, an ENI table, and
+// no other selector.
+func (s Settings) ownsRule(r *netlink.Rule) bool {
+	if int(r.Protocol) != s.PodRules.Protocol {
+		return false
+	}
+	if s.OwnsAllocations() {
+		return true
+	}
+	k, plain := ruleKeyOf(r)
+	return plain && k.Priority == s.PodRules.EgressPriority &&
+		k.From.IsValid() && k.From.IsSingleIP() &&
+		k.Table >= s.PodRules.TableOffset && k.Table <= s.PodRules.TableOffset+maxENINumber
+}
+
 // ruleOps reconciles eni-rules with ip rules.
 type ruleOps struct {
-	nl *nlHandle
+	nl       *nlHandle
+	settings Settings
 }
 
 func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
-	err := o.nl.RuleAdd(netlinkRule(r.RuleKey, r.Family()))
+	err := o.nl.RuleAdd(netlinkRule(r.RuleKey, r.Family(), o.settings.PodRules.Protocol))
 	if err == nil || errors.Is(err, unix.EEXIST) {
 		// EEXIST: the identical rule (same protocol) is in place.
 		return nil
@@ -190,28 +218,37 @@ func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 }
 
 func (o *ruleOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
-	err := o.nl.RuleDel(netlinkRule(r.RuleKey, r.Family()))
+	err := o.nl.RuleDel(netlinkRule(r.RuleKey, r.Family(), o.settings.PodRules.Protocol))
 	if err == nil || isGone(err) {
 		return nil
 	}
 	return fmt.Errorf("ip rule del %q: %w", r.IPRule(), err)
 }
 
-// Prune deletes the kernel rules with enimasq's protocol that no row
-// desires. Rules with any other protocol are never looked at twice.
+// Prune deletes the kernel rules enimasq owns (ownsRule) that no row
+// desires. Rules of any other protocol or shape are never looked at twice.
+// With Cilium's IPAM, only the rules of the pods the table knows are pruned:
+// a pod that cilium-cni has just created, and that the CiliumNode does not
+// list yet, keeps the rules cilium-cni wrote.
 func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Rule, statedb.Revision]) error {
 	desired := map[RuleKey]bool{}
+	pods := map[netip.Addr]bool{}
 	for r := range objects {
 		desired[r.RuleKey] = true
+		pods[r.Pod] = true
 	}
-	rules, err := ListRules(o.nl, o.nl.families)
+	rules, err := listRules(o.nl, o.nl.families, o.settings.ownsRule)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for i := range rules {
 		r := &rules[i]
-		if k, plain := ruleKeyOf(r); plain && desired[k] {
+		k, plain := ruleKeyOf(r)
+		if plain && desired[k] {
+			continue
+		}
+		if !o.settings.OwnsAllocations() && !pods[k.From.Addr()] {
 			continue
 		}
 		if err := o.nl.RuleDel(r); err != nil && !isGone(err) {

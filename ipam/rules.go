@@ -202,20 +202,25 @@ func (p Pool) placement(a *Allocation) (eni string, state AllocationState, reaso
 func PodRules(ip netip.Addr, owner string, eni *ENI, cidrs []netip.Prefix, s Settings) []*Rule {
 	host := netip.PrefixFrom(ip, ip.BitLen())
 	table := eni.RouteTable()
-	rules := []*Rule{{
-		RuleKey: RuleKey{Priority: RulePriorityIngress, To: host, Table: MainTable},
-		Pod:     ip, Owner: owner,
-	}}
+	var rules []*Rule
+	if s.OwnsAllocations() {
+		// With Cilium's IPAM the ingress rule is cilium-cni's alone: it does
+		// not depend on the ip-masq-agent config.
+		rules = append(rules, &Rule{
+			RuleKey: RuleKey{Priority: s.PodRules.IngressPriority, To: host, Table: MainTable},
+			Pod:     ip, Owner: owner,
+		})
+	}
 	if s.EgressMode == EgressModeCIDR && s.Masquerade(ip) {
 		for _, c := range cidrs {
 			rules = append(rules, &Rule{
-				RuleKey: RuleKey{Priority: RulePriorityEgress, From: host, To: c, Table: table},
+				RuleKey: RuleKey{Priority: s.PodRules.EgressPriority, From: host, To: c, Table: table},
 				Pod:     ip, Owner: owner,
 			})
 		}
 	} else {
 		rules = append(rules, &Rule{
-			RuleKey: RuleKey{Priority: RulePriorityEgress, From: host, Table: table},
+			RuleKey: RuleKey{Priority: s.PodRules.EgressPriority, From: host, Table: table},
 			Pod:     ip, Owner: owner,
 		})
 	}
@@ -272,6 +277,10 @@ func ComputeDesired(allocs []*Allocation, pool Pool, nonMasq []netip.Prefix, s S
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	if !s.OwnsAllocations() {
+		// With Cilium's IPAM the ENI tables' routes are Cilium's.
+		return d
+	}
 	for _, id := range ids {
 		d.Routes = append(d.Routes, ENIRoutes(withPods[id])...)
 	}

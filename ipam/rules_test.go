@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipmasq"
 )
 
@@ -42,7 +43,8 @@ func sampleInputs(t testing.TB) (*CiliumNode, []netip.Prefix) {
 	return n, cidrs
 }
 
-var sampleSettings = Settings{EgressMode: EgressModeCIDR, MasqueradeV4: true, EnableIPv4: true}
+var sampleSettings = Settings{EgressMode: EgressModeCIDR, MasqueradeV4: true, EnableIPv4: true,
+	Allocator: nodeconfig.AllocatorEnimasq, PodRules: nodeconfig.EnimasqPodRules}
 
 func TestSampleAllocationResult(t *testing.T) {
 	n, nonMasq := sampleInputs(t)

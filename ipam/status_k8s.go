@@ -125,18 +125,20 @@ func (r *usedReporter) write(ctx context.Context, used map[string]any) (bool, er
 type usedReporterParams struct {
 	cell.In
 
-	Config Config
-	Log    *slog.Logger
-	DB     *statedb.DB
-	Allocs statedb.Table[*Allocation]
-	Jobs   job.Group
-	Client *k8sclient.Client `optional:"true"`
+	Config   Config
+	Settings Settings
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Allocs   statedb.Table[*Allocation]
+	Jobs     job.Group
+	Client   *k8sclient.Client `optional:"true"`
 }
 
 // registerUsedReporter reports the allocations in the CiliumNode's status
-// when the API server is enabled.
+// when the API server is enabled and the allocations are enimasq's (with
+// Cilium's IPAM, status.ipam.used is Cilium's and enimasq only reads it).
 func registerUsedReporter(p usedReporterParams) {
-	if p.Client == nil || !p.Client.IsEnabled() {
+	if p.Client == nil || !p.Client.IsEnabled() || !p.Settings.OwnsAllocations() {
 		return
 	}
 	r := &usedReporter{

@@ -49,6 +49,10 @@ type ENI struct {
 	VPCCIDRs       []netip.Prefix
 	// Pool are the spec.ipam.pool IPs whose resource is this ENI, sorted.
 	Pool []netip.Addr
+	// Used are the status.ipam.used IPs whose resource is this ENI, sorted
+	// by IP: the pods of Cilium's IPAM (read only with
+	// nodeconfig.AllocatorCilium; enimasq's own allocator writes them).
+	Used []UsedIP `json:",omitempty"`
 	// Skipped says why the ENI hands out no IPs ("" when it does):
 	// its number is below first-interface-index.
 	Skipped string `json:",omitempty"`
@@ -73,7 +77,14 @@ func (e *ENI) VPCCIDRsAll() []netip.Prefix {
 func (e *ENI) Equal(o *ENI) bool {
 	return e.ID == o.ID && e.Number == o.Number && e.MAC == o.MAC && e.PrimaryIP == o.PrimaryIP &&
 		e.Subnet == o.Subnet && e.Gateway == o.Gateway && e.VPCPrimaryCIDR == o.VPCPrimaryCIDR &&
-		slices.Equal(e.VPCCIDRs, o.VPCCIDRs) && slices.Equal(e.Pool, o.Pool) && e.Skipped == o.Skipped
+		slices.Equal(e.VPCCIDRs, o.VPCCIDRs) && slices.Equal(e.Pool, o.Pool) && slices.Equal(e.Used, o.Used) &&
+		e.Skipped == o.Skipped
+}
+
+// UsedIP is an IP of status.ipam.used: in use by owner (namespace/pod).
+type UsedIP struct {
+	IP    netip.Addr
+	Owner string
 }
 
 func (e *ENI) TableHeader() []string {

@@ -33,7 +33,8 @@ struct {
 	__type(key, struct lpm_v4_key);
 	__type(value, __u8);
 	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	/* Cilium's flags (pkg/maps/ipmasq): the datapath only reads it. */
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_RDONLY_PROG);
 } cilium_ipmasq_v4 SEC(".maps");
 
 struct {
@@ -41,7 +42,7 @@ struct {
 	__type(key, struct lpm_v6_key);
 	__type(value, __u8);
 	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_RDONLY_PROG);
 } cilium_ipmasq_v6 SEC(".maps");
 
 SEC("tc")

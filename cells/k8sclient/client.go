@@ -37,10 +37,35 @@ var (
 // the node name.
 type Client struct {
 	nodeName string
-	source   string // "kubeconfig <path>" or "in-cluster config"
+	source   string // "kubeconfig <path>", "in-cluster config", or the embedding agent's
 	config   *rest.Config
 	dynamic  dynamic.Interface
 	disc     discovery.DiscoveryInterface
+
+	// embedded, when set, lists and watches through the connection of the
+	// agent enimasq is linked into (NewEmbedded).
+	embedded ListerWatcherFunc
+	host     string
+}
+
+// ListerWatcherFunc lists and watches resource gvr in namespace, with tweak
+// applied to every list and watch (see Client.ListerWatcher). The objects
+// are *unstructured.Unstructured.
+type ListerWatcherFunc func(gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher
+
+// NewEmbedded is the Client of an agent that enimasq is linked into and that
+// has its own connection to the API server (Cilium's clientset): the
+// API-backed sources list and watch through lw, and no second connection,
+// flag or probe is made. host and source only describe it in logs and
+// health. The node name is validated as NewClient does.
+func NewEmbedded(nodeName, source, host string, lw ListerWatcherFunc) (*Client, error) {
+	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
+		return nil, fmt.Errorf("node name %q is not a valid Kubernetes node name: %s", nodeName, strings.Join(errs, "; "))
+	}
+	if lw == nil {
+		return &Client{nodeName: nodeName}, nil
+	}
+	return &Client{nodeName: nodeName, source: source, host: host, embedded: lw}, nil
 }
 
 // NewClient resolves the flags into a Client. It does not contact the API
@@ -112,7 +137,7 @@ func nodeName(cfg Config, lookupEnv func(string) (string, bool), hostname func()
 
 // IsEnabled tells whether there is an API server: a kubeconfig was given, or
 // the agent runs in a pod.
-func (c *Client) IsEnabled() bool { return c.config != nil }
+func (c *Client) IsEnabled() bool { return c.config != nil || c.embedded != nil }
 
 // NodeName is this node's name in Kubernetes, also when the client is
 // disabled.
@@ -124,6 +149,9 @@ func (c *Client) Source() string { return c.source }
 
 // Host is the API server's URL, or "" when disabled.
 func (c *Client) Host() string {
+	if c.embedded != nil {
+		return c.host
+	}
 	if c.config == nil {
 		return ""
 	}
@@ -148,6 +176,9 @@ func (c *Client) Dynamic() dynamic.Interface { return c.dynamic }
 // a field selector on metadata.name. The objects are
 // *unstructured.Unstructured. It panics when the client is disabled.
 func (c *Client) ListerWatcher(gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
+	if c.embedded != nil {
+		return c.embedded(gvr, namespace, tweak)
+	}
 	if c.dynamic == nil {
 		panic("k8sclient: ListerWatcher on a disabled client")
 	}
