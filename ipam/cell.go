@@ -100,6 +100,12 @@ func newAllocator(p allocatorParams) *Allocator {
 	if p.Client != nil && p.Client.IsEnabled() {
 		a.ciliumNodePath = "the API server (ciliumnodes/" + p.Client.NodeName() + ")"
 	}
+	if p.Settings.Off != "" {
+		wtxn := p.DB.WriteTxn(p.Allocs)
+		restoreDone(wtxn)
+		wtxn.Commit()
+		return a
+	}
 	if !p.Settings.OwnsAllocations() {
 		// Cilium's IPAM allocates: follow its allocations (cilium.go).
 		p.Jobs.Add(job.OneShot("follow-cilium-allocations", a.followCilium))
@@ -115,17 +121,26 @@ func newAllocator(p allocatorParams) *Allocator {
 type sourceParams struct {
 	cell.In
 
-	Config Config
-	Log    *slog.Logger
-	DB     *statedb.DB
-	Table  statedb.RWTable[*ENI]
-	Jobs   job.Group
+	Config   Config
+	Settings Settings
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Table    statedb.RWTable[*ENI]
+	Jobs     job.Group
+	Health   cell.Health
 	// Client, when enabled, makes the API server's CiliumNode the source
 	// instead of --ciliumnode-path.
 	Client *k8sclient.Client `optional:"true"`
 }
 
 func registerSource(p sourceParams) error {
+	if p.Settings.Off != "" {
+		wtxn := p.DB.WriteTxn(p.Table)
+		p.Table.RegisterInitializer(wtxn, "ciliumnode")(wtxn)
+		wtxn.Commit()
+		p.Health.OK("Disabled: " + p.Settings.Off)
+		return nil
+	}
 	if err := checkCiliumNodeSource(p.Config, p.Client); err != nil {
 		return err
 	}
@@ -166,6 +181,12 @@ func registerDesired(p desiredParams) {
 	wtxn := p.DB.WriteTxn(p.Rules, p.Routes)
 	rulesInit := p.Rules.RegisterInitializer(wtxn, "eni-desired")
 	routesInit := p.Routes.RegisterInitializer(wtxn, "eni-desired")
+	if p.Settings.Off != "" {
+		rulesInit(wtxn)
+		routesInit(wtxn)
+		wtxn.Commit()
+		return
+	}
 	wtxn.Commit()
 	d := &desiredJob{
 		log:        p.Log,
@@ -207,6 +228,9 @@ func reconcilerOptions(cfg Config, name string) []reconciler.Option {
 }
 
 func registerReconcilers(p reconcilerParams) error {
+	if p.Settings.Off != "" {
+		return nil
+	}
 	if _, err := reconciler.Register(
 		p.Reconcile, p.Rules,
 		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,

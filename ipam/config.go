@@ -56,6 +56,11 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // Settings are the validated flags the desired-state computation needs.
 type Settings struct {
+	// Off, when set, says why the ENI IPAM does nothing: linked into Cilium
+	// with an IPAM mode other than ENI. Its tables exist, are initialized
+	// and stay empty.
+	Off string
+
 	// EgressMode is EgressModeCIDR or EgressModeAll.
 	EgressMode string
 	// NativeRoutingCIDR is --ipv4-native-routing-cidr (invalid when unset).
@@ -97,6 +102,10 @@ func (s Settings) FamilyEnabled(addr netip.Addr) bool {
 // NewSettings validates the flags. Errors name the flag.
 func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 	if node.IPAM.Mode != IPAMModeENI {
+		if node.IPAM.Allocator == nodeconfig.AllocatorCilium {
+			// Linked into Cilium with another IPAM mode: no ENI pods.
+			return Settings{Off: fmt.Sprintf("IPAM mode is %q, not %q", node.IPAM.Mode, IPAMModeENI), Allocator: node.IPAM.Allocator}, nil
+		}
 		return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", node.IPAM.Mode, IPAMModeENI)
 	}
 	s := Settings{
