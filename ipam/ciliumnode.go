@@ -220,7 +220,9 @@ func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
 		return nil, nil, fmt.Errorf("%s.id: %q differs from its key %q", field, st.ID, key)
 	}
 	if st.Number == nil {
-		return nil, nil, fmt.Errorf("%s.number: missing", field)
+		// Cilium writes the number with omitempty: no number is ENI 0.
+		zero := 0
+		st.Number = &zero
 	}
 	if *st.Number < 0 {
 		return nil, nil, fmt.Errorf("%s.number: %d is negative", field, *st.Number)

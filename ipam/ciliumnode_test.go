@@ -77,6 +77,18 @@ func TestParseCiliumNodeFields(t *testing.T) {
 	}
 }
 
+// Cilium's ENI type has `number,omitempty`: the first ENI (number 0) comes
+// without a number from the API server and from kubectl.
+func TestParseCiliumNodeNumberZeroIsOmitted(t *testing.T) {
+	n, err := ParseCiliumNode("f", []byte(strings.Replace(minimalNode, "number: 0, ", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.ENIs) != 1 || n.ENIs[0].Number != 0 || n.ENIs[0].RouteTable() != 10 {
+		t.Errorf("ENIs %+v: want eni-1 with number 0, table 10", n.ENIs)
+	}
+}
+
 func TestParseCiliumNodeErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, old, new, want string
@@ -86,7 +98,7 @@ func TestParseCiliumNodeErrors(t *testing.T) {
 		{"wrong type", "number: 0", "number: zero", "number"},
 		{"list", "spec:", "kind: List\nspec:", `kind "List"`},
 		{"bad mac", `"0A:58:0A:82:64:0A"`, `"0A:58"`, `status.eni.enis[eni-1].mac: "0A:58" is not an Ethernet MAC address`},
-		{"no number", "number: 0, ", "", "status.eni.enis[eni-1].number: missing"},
+		{"two without a number", "      eni-1:", "      eni-0: {mac: \"0a:58:0a:82:64:0b\", subnet: {cidr: 10.0.16.0/20}}\n      eni-1:", "eni-0 and eni-1 both have number 0"},
 		{"negative number", "number: 0", "number: -1", "is negative"},
 		{"number into the main table", "number: 0", "number: 244", "would be a reserved table"},
 		{"bad subnet", "cidr: 10.0.0.0/20", "cidr: 10.0.0.0/33", "status.eni.enis[eni-1].subnet.cidr"},
@@ -164,4 +176,31 @@ func FuzzParseCiliumNode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// status.ipam.used (written by Cilium's IPAM) lands on the ENI of each IP;
+// an IP of another ENI or outside the pool is a warning, not a pod.
+func TestParseCiliumNodeUsed(t *testing.T) {
+	node := minimalNode + `  ipam:
+    used:
+      10.0.1.5: {owner: shop/db-0, resource: eni-1}
+      10.0.1.6: {owner: shop/db-1, resource: eni-1}
+      10.0.1.7: {owner: shop/db-2, resource: eni-9}
+`
+	n, err := ParseCiliumNode("f", []byte(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []UsedIP{{IP: netip.MustParseAddr("10.0.1.5"), Owner: "shop/db-0"}}
+	if got := n.ENIs[0].Used; !slices.Equal(got, want) {
+		t.Errorf("used %v, want %v", got, want)
+	}
+	if len(n.Warnings) != 2 || !strings.Contains(n.Warnings[0], "status.ipam.used[10.0.1.6]: 10.0.1.6 is not in the pool of eni-1") ||
+		!strings.Contains(n.Warnings[1], `status.ipam.used[10.0.1.7]: ENI "eni-9" is not in status.eni.enis`) {
+		t.Errorf("warnings %q", n.Warnings)
+	}
+	if _, err := ParseCiliumNode("f", []byte(minimalNode+"  ipam:\n    used:\n      10.0.1.500: {owner: a/b, resource: eni-1}\n")); err == nil ||
+		!strings.Contains(err.Error(), `status.ipam.used[10.0.1.500]: "10.0.1.500" is not an IP address`) {
+		t.Errorf("bad used IP: %v", err)
+	}
 }

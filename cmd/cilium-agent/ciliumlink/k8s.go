@@ -2,6 +2,7 @@ package ciliumlink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -131,10 +132,17 @@ func unstructuredListWatch(gvk schema.GroupVersionKind, tweak func(*metav1.ListO
 	}
 }
 
+// toUnstructured goes through JSON, so that enimasq's parser sees the
+// object exactly as the API server serves it (omitempty included: the first
+// ENI has no number).
 func toUnstructured(gvk schema.GroupVersionKind, obj runtime.Object) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	data, err := json.Marshal(obj)
 	if err != nil {
-		return nil, fmt.Errorf("%s to unstructured: %w", gvk.Kind, err)
+		return nil, fmt.Errorf("%s to JSON: %w", gvk.Kind, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s from JSON: %w", gvk.Kind, err)
 	}
 	u := &unstructured.Unstructured{Object: m}
 	u.SetGroupVersionKind(gvk)
