@@ -18,6 +18,7 @@ var Cell = cell.Module(
 	"ipmasq",
 	"ip-masq-agent non-masquerade CIDRs",
 
+	cell.Config(DefaultConfig),
 	cell.ProvidePrivate(NewTable),
 	cell.Provide(statedb.RWTable[*CIDR].ToTable),
 	cell.Invoke(registerSource),
@@ -27,6 +28,7 @@ type sourceParams struct {
 	cell.In
 
 	Node   nodeconfig.Config
+	Config Config
 	Log    *slog.Logger
 	DB     *statedb.DB
 	Table  statedb.RWTable[*CIDR]
@@ -37,6 +39,9 @@ type sourceParams struct {
 func registerSource(p sourceParams) error {
 	agent := p.Node.IPMasqAgent
 	if err := agent.Validate(p.Node.Masquerade); err != nil {
+		return err
+	}
+	if err := p.Config.validate(); err != nil {
 		return err
 	}
 	wtxn := p.DB.WriteTxn(p.Table)
@@ -51,7 +56,7 @@ func registerSource(p sourceParams) error {
 
 	s := &source{
 		path:     agent.ConfigPath,
-		resync:   agent.ResyncInterval,
+		resync:   p.Config.IPMasqAgentResyncInterval,
 		log:      p.Log,
 		db:       p.DB,
 		table:    p.Table,

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
@@ -31,9 +30,8 @@ type NodeFlags struct {
 	EnableIPv4Masquerade bool `mapstructure:"enable-ipv4-masquerade"`
 	EnableIPv6Masquerade bool `mapstructure:"enable-ipv6-masquerade"`
 
-	EnableIPMasqAgent         bool          `mapstructure:"enable-ip-masq-agent"`
-	IPMasqAgentConfigPath     string        `mapstructure:"ip-masq-agent-config-path"`
-	IPMasqAgentResyncInterval time.Duration `mapstructure:"ip-masq-agent-resync-interval"`
+	EnableIPMasqAgent     bool   `mapstructure:"enable-ip-masq-agent"`
+	IPMasqAgentConfigPath string `mapstructure:"ip-masq-agent-config-path"`
 
 	IPAM                  string `mapstructure:"ipam"`
 	IPv4NativeRoutingCIDR string `mapstructure:"ipv4-native-routing-cidr"`
@@ -49,9 +47,8 @@ var defaultNodeFlags = NodeFlags{
 	EnableIPv4Masquerade: true,
 	EnableIPv6Masquerade: true,
 
-	EnableIPMasqAgent:         false,
-	IPMasqAgentConfigPath:     nodeconfig.DefaultIPMasqAgentConfigPath,
-	IPMasqAgentResyncInterval: nodeconfig.DefaultIPMasqAgentResyncInterval,
+	EnableIPMasqAgent:     false,
+	IPMasqAgentConfigPath: nodeconfig.DefaultIPMasqAgentConfigPath,
 
 	IPAM: nodeconfig.IPAMModeENI,
 }
@@ -66,7 +63,6 @@ func (def NodeFlags) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-ipv6-masquerade", def.EnableIPv6Masquerade, "Masquerade IPv6 traffic leaving the node")
 	flags.Bool("enable-ip-masq-agent", def.EnableIPMasqAgent, "Read the non-masquerade CIDRs from the ip-masq-agent config file (needs --enable-bpf-masquerade)")
 	flags.String("ip-masq-agent-config-path", def.IPMasqAgentConfigPath, "ip-masq-agent config file (YAML or JSON); its directory is watched")
-	flags.Duration("ip-masq-agent-resync-interval", def.IPMasqAgentResyncInterval, "Re-read the config file this often, in case a file event was missed")
 	flags.String("ipam", def.IPAM, `IP address management mode; only "eni" (AWS ENI, from the CiliumNode file) is supported`)
 	flags.String("ipv4-native-routing-cidr", def.IPv4NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv4 allocation")
 }
@@ -93,9 +89,8 @@ func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
 			IPv6: f.EnableIPv6Masquerade,
 		},
 		IPMasqAgent: nodeconfig.IPMasqAgent{
-			Enabled:        f.EnableIPMasqAgent,
-			ConfigPath:     f.IPMasqAgentConfigPath,
-			ResyncInterval: f.IPMasqAgentResyncInterval,
+			Enabled:    f.EnableIPMasqAgent,
+			ConfigPath: f.IPMasqAgentConfigPath,
 		},
 		IPAM: nodeconfig.IPAM{
 			Mode:      f.IPAM,

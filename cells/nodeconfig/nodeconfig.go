@@ -14,10 +14,8 @@ package nodeconfig
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"path/filepath"
-	"time"
 )
 
 // Config is the node-wide configuration.
@@ -59,11 +57,11 @@ func (m Masquerade) V4() bool { return m.BPF && m.IPv4 }
 func (m Masquerade) V6() bool { return m.BPF && m.IPv6 }
 
 // IPMasqAgent is Cilium's --enable-ip-masq-agent and
-// --ip-masq-agent-config-path, with the period of the safety-net re-read.
+// --ip-masq-agent-config-path. (The period of the safety-net re-read is
+// enimasq's own flag, of the ipmasq cell.)
 type IPMasqAgent struct {
-	Enabled        bool
-	ConfigPath     string
-	ResyncInterval time.Duration
+	Enabled    bool
+	ConfigPath string
 }
 
 // DefaultIPMasqAgentConfigPath is Cilium's --ip-masq-agent-config-path
@@ -83,15 +81,9 @@ func (a IPMasqAgent) Validate(masq Masquerade) error {
 		return errors.New("--enable-ip-masq-agent needs --enable-ipv4-masquerade or --enable-ipv6-masquerade")
 	case a.ConfigPath == "":
 		return errors.New("--enable-ip-masq-agent needs --ip-masq-agent-config-path")
-	case a.ResyncInterval <= 0:
-		return fmt.Errorf("--ip-masq-agent-resync-interval %s: must be positive", a.ResyncInterval)
 	}
 	return nil
 }
-
-// DefaultIPMasqAgentResyncInterval is the re-read period when the embedding
-// agent has no setting for it.
-const DefaultIPMasqAgentResyncInterval = 60 * time.Second
 
 // IPAM modes (Cilium's --ipam). The ENI cells act only in IPAMModeENI.
 const IPAMModeENI = "eni"

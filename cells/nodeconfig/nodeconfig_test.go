@@ -3,11 +3,10 @@ package nodeconfig
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestIPMasqAgentValidateNamesTheMissingFlag(t *testing.T) {
-	agent := IPMasqAgent{Enabled: true, ConfigPath: DefaultIPMasqAgentConfigPath, ResyncInterval: time.Minute}
+	agent := IPMasqAgent{Enabled: true, ConfigPath: DefaultIPMasqAgentConfigPath}
 	for _, tc := range []struct {
 		name  string
 		agent IPMasqAgent
@@ -18,8 +17,7 @@ func TestIPMasqAgentValidateNamesTheMissingFlag(t *testing.T) {
 		{"without BPF masquerade", agent, Masquerade{IPv4: true, IPv6: true}, "--enable-bpf-masquerade"},
 		{"without family masquerade", agent, Masquerade{BPF: true}, "--enable-ipv4-masquerade or --enable-ipv6-masquerade"},
 		{"IPv6 only", agent, Masquerade{BPF: true, IPv6: true}, ""},
-		{"no path", IPMasqAgent{Enabled: true, ResyncInterval: time.Minute}, Masquerade{BPF: true, IPv4: true}, "--ip-masq-agent-config-path"},
-		{"zero resync", IPMasqAgent{Enabled: true, ConfigPath: "/x"}, Masquerade{BPF: true, IPv4: true}, "--ip-masq-agent-resync-interval"},
+		{"no path", IPMasqAgent{Enabled: true}, Masquerade{BPF: true, IPv4: true}, "--ip-masq-agent-config-path"},
 	} {
 		err := tc.agent.Validate(tc.masq)
 		switch {

@@ -53,9 +53,8 @@ func newNodeConfig(dc *option.DaemonConfig, ipMasq ipmasqcell.Config) (nodeconfi
 			IPv6: dc.EnableIPv6Masquerade,
 		},
 		IPMasqAgent: nodeconfig.IPMasqAgent{
-			Enabled:        dc.EnableIPMasqAgent,
-			ConfigPath:     ipMasq.IPMasqAgentConfigPath,
-			ResyncInterval: nodeconfig.DefaultIPMasqAgentResyncInterval,
+			Enabled:    dc.EnableIPMasqAgent,
+			ConfigPath: ipMasq.IPMasqAgentConfigPath,
 		},
 		IPAM: nodeconfig.IPAM{
 			Mode:      dc.IPAMMode(),

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	upstream "github.com/cilium/hive"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/cilium/cilium/daemon/cmd"
+	"github.com/cilium/cilium/pkg/hive"
+
+	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cmd/cilium-agent/ciliumlink"
+)
+
+func flagNames(fs *pflag.FlagSet) map[string]bool {
+	names := map[string]bool{}
+	fs.VisitAll(func(f *pflag.Flag) { names[f.Name] = true })
+	return names
+}
+
+// TestFlagsAgainstCilium builds Cilium v1.20.2's agent command with
+// enimasq's cells, as main does. A flag declared twice panics there (hive:
+// "declared twice", pflag: "flag redefined"), so building it is the check
+// that enimasq's own flags do not collide with any of Cilium's. It also
+// checks that the standalone agent's node flags, the settings Cilium owns,
+// are Cilium's flags by name, so one command line means the same to both.
+func TestFlagsAgainstCilium(t *testing.T) {
+	var root *cobra.Command
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("cilium-agent with enimasq's cells: %v", r)
+			}
+		}()
+		root = cmd.NewAgentCmd(func() *hive.Hive { return hive.New(cmd.Agent, ciliumlink.Cell) })
+	}()
+	all := flagNames(root.Flags())
+
+	own := pflag.NewFlagSet("enimasq", pflag.ContinueOnError)
+	upstream.New(cells.Features).RegisterFlags(own)
+	for name := range flagNames(own) {
+		if !all[name] {
+			t.Errorf("enimasq flag --%s is not in cilium-agent's flags", name)
+		}
+	}
+
+	standalone := pflag.NewFlagSet("enimasq-agent", pflag.ContinueOnError)
+	upstream.New(infra.NodeConfigCell).RegisterFlags(standalone)
+	for name := range flagNames(standalone) {
+		if !all[name] || own.Lookup(name) != nil {
+			t.Errorf("standalone flag --%s is not one of Cilium's: it would mean something else in cilium-agent", name)
+		}
+	}
+	if len(all) < 400 {
+		t.Errorf("only %d flags: not Cilium's full flag set", len(all))
+	}
+}
+
+// TestAgentBinary builds bin/cilium-agent as make cilium-agent does and runs
+// `cilium-agent hive` (constructs every cell and invoke, starts nothing) and
+// `cilium-agent --help` (every flag listed once).
+func TestAgentBinary(t *testing.T) {
+	goTool := os.Getenv("GO")
+	if goTool == "" {
+		goTool = "go"
+	}
+	bin := filepath.Join(t.TempDir(), "cilium-agent")
+	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	hiveCmd := exec.Command(bin, "hive")
+	hiveCmd.Env = append(os.Environ(), "CILIUM_IPAM=eni", "CILIUM_ENABLE_BPF_MASQUERADE=true", "CILIUM_ENABLE_IP_MASQ_AGENT=true")
+	out, err := hiveCmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cilium-agent hive: %v\n%s", err, tail(out))
+	}
+	for _, module := range []string{"enimasq", "ipmasq", "policymap", "ipam"} {
+		if !regexp.MustCompile(`Ⓜ️ ` + module + ` \(`).Match(out) {
+			t.Errorf("cilium-agent hive does not list module %s", module)
+		}
+	}
+	if !strings.Contains(string(out), "ciliumlink.disableCiliumIPMasqWriter") {
+		t.Errorf("cilium-agent hive: Cilium's ip-masq-agent writer is not turned off")
+	}
+
+	help, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cilium-agent --help: %v\n%s", err, tail(help))
+	}
+	seen := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllSubmatch(help, -1) {
+		seen[string(m[1])]++
+	}
+	for name, n := range seen {
+		if n != 1 {
+			t.Errorf("--%s listed %d times", name, n)
+		}
+	}
+	for _, name := range []string{"enable-ip-masq-agent", "ip-masq-agent-config-path", "ipam", "eni-egress-rule-mode", "ciliumnode-path", "bpf-map-retry-min"} {
+		if seen[name] != 1 {
+			t.Errorf("--%s: listed %d times, want once", name, seen[name])
+		}
+	}
+}
+
+func tail(b []byte) []byte {
+	if len(b) > 4000 {
+		return b[len(b)-4000:]
+	}
+	return b
+}
