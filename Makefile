@@ -38,6 +38,15 @@ k8s-bins:
 # missing (ENIMASQ_REQUIRE_K8S).
 test: check-fmt vet build k8s-bins
 	ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test $(GOFLAGS_T) -timeout 20m ./...
+	$(MAKE) test-cilium
+
+# The Cilium module's tests: Cilium's agent command with enimasq's cells (every
+# flag once, 'cilium-agent hive' constructs) and a privileged test of
+# ciliumlink in a hive of Cilium's own cells. Without -race: the race build of
+# Cilium's packages would double a cold CI run; enimasq's code is race-tested
+# by the main module's tests above.
+test-cilium:
+	cd $(CILIUM_AGENT_DIR) && $(GO) vet ./... && GO=$(GO) $(GO) test -count=1 -timeout 30m ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
