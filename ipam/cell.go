@@ -208,6 +208,7 @@ type reconcilerParams struct {
 
 	Config    Config
 	Settings  Settings
+	Allocs    statedb.Table[*Allocation]
 	Reconcile reconciler.Params
 	Rules     statedb.RWTable[*Rule]
 	Routes    statedb.RWTable[*Route]
@@ -234,7 +235,7 @@ func registerReconcilers(p reconcilerParams) error {
 	if _, err := reconciler.Register(
 		p.Reconcile, p.Rules,
 		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,
-		&ruleOps{nl: p.Netlink, settings: p.Settings}, nil,
+		&ruleOps{nl: p.Netlink, settings: p.Settings, allocs: p.Allocs}, nil,
 		reconcilerOptions(p.Config, "eni-rules")...,
 	); err != nil {
 		return err

@@ -63,8 +63,9 @@ type Settings struct {
 
 	// EgressMode is EgressModeCIDR or EgressModeAll.
 	EgressMode string
-	// NativeRoutingCIDR is --ipv4-native-routing-cidr (invalid when unset).
-	NativeRoutingCIDR netip.Prefix
+	// NativeRoutingCIDR and NativeRoutingCIDRv6 are
+	// --ipv4/ipv6-native-routing-cidr (invalid when unset).
+	NativeRoutingCIDR, NativeRoutingCIDRv6 netip.Prefix
 	// MasqueradeV4 and MasqueradeV6: masquerading is on for the family
 	// (--enable-bpf-masquerade and --enable-ipv4/6-masquerade). With it off,
 	// the egress rule is one rule for all destinations, as in Cilium.
@@ -109,19 +110,30 @@ func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 		return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", node.IPAM.Mode, IPAMModeENI)
 	}
 	s := Settings{
-		EgressMode:        c.ENIEgressRuleMode,
-		NativeRoutingCIDR: node.IPAM.IPv4NativeRoutingCIDR,
-		MasqueradeV4:      node.Masquerade.V4(),
-		MasqueradeV6:      node.Masquerade.V6(),
-		EnableIPv4:        node.EnableIPv4,
-		EnableIPv6:        node.EnableIPv6,
-		Allocator:         node.IPAM.Allocator,
-		PodRules:          node.IPAM.PodRules,
+		EgressMode:          c.ENIEgressRuleMode,
+		NativeRoutingCIDR:   node.IPAM.IPv4NativeRoutingCIDR,
+		NativeRoutingCIDRv6: node.IPAM.IPv6NativeRoutingCIDR,
+		MasqueradeV4:        node.Masquerade.V4(),
+		MasqueradeV6:        node.Masquerade.V6(),
+		EnableIPv4:          node.EnableIPv4,
+		EnableIPv6:          node.EnableIPv6,
+		Allocator:           node.IPAM.Allocator,
+		PodRules:            node.IPAM.PodRules,
 	}
 	switch s.Allocator {
 	case "":
 		s.Allocator = nodeconfig.AllocatorEnimasq
-	case nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium:
+	case nodeconfig.AllocatorEnimasq:
+	case nodeconfig.AllocatorCilium:
+		// The rules must be the ones cilium-cni writes at ADD (and the agent
+		// at endpoint restore), or the two would undo each other: one rule
+		// per CIDR when the family is masqueraded, whatever does it (BPF or
+		// iptables), else one rule for all destinations.
+		s.MasqueradeV4, s.MasqueradeV6 = node.Masquerade.IPv4, node.Masquerade.IPv6
+		if c.ENIEgressRuleMode != EgressModeCIDR {
+			return Settings{}, fmt.Errorf("--eni-egress-rule-mode %q: linked into Cilium, the pod rules are cilium-cni's shape (%q); "+
+				"Cilium would put its per-CIDR rules back at every endpoint restore", c.ENIEgressRuleMode, EgressModeCIDR)
+		}
 	default:
 		return Settings{}, fmt.Errorf("pod IP allocator %q: want %q or %q", s.Allocator, nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium)
 	}

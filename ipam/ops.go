@@ -28,7 +28,6 @@ import (
 // name it in /etc/iproute2/rt_protos.d.
 const RTProto = 237
 
-
 // Netlink is the part of *netlink.Handle the reconcilers use. A
 // *netlink.Handle implements it; tests wrap one to count operations.
 type Netlink interface {
@@ -206,6 +205,7 @@ func (s Settings) ownsRule(r *netlink.Rule) bool {
 type ruleOps struct {
 	nl       *nlHandle
 	settings Settings
+	allocs   statedb.Table[*Allocation]
 }
 
 func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
@@ -217,12 +217,51 @@ func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 	return fmt.Errorf("ip rule add %q: %w", r.IPRule(), err)
 }
 
-func (o *ruleOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
+func (o *ruleOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
+	if !o.settings.OwnsAllocations() {
+		if _, _, allocated := o.allocs.Get(txn, AllocationIPIndex.Query(r.Pod)); !allocated {
+			// The pod has left status.ipam.used. Its rules go only once
+			// Cilium is done with it: cilium-cni's DEL removes the ingress
+			// rule first, then the egress rules of the CIDRs it knew, which
+			// after a config edit are not all of them. While the ingress rule
+			// is there the pod still runs (a CiliumNode that lost it for a
+			// moment, or a new pod that got the IP before the status caught
+			// up): the delete fails and is retried with backoff, so the
+			// rules are removed once the DEL has run, and health says why
+			// meanwhile.
+			alive, err := o.podRouted(r.Pod)
+			if err != nil {
+				return err
+			}
+			if alive {
+				return fmt.Errorf("ip rule del %q: pod %s is no longer in the CiliumNode's status.ipam.used, "+
+					"but Cilium still routes to it (its priority-%d rule is in place): kept until its CNI DEL",
+					r.IPRule(), r.Pod, o.settings.PodRules.IngressPriority)
+			}
+		}
+	}
 	err := o.nl.RuleDel(netlinkRule(r.RuleKey, r.Family(), o.settings.PodRules.Protocol))
 	if err == nil || isGone(err) {
 		return nil
 	}
 	return fmt.Errorf("ip rule del %q: %w", r.IPRule(), err)
+}
+
+// podRouted says whether Cilium's ingress rule of pod ("20: to <pod> lookup
+// main", any protocol) is in the kernel.
+func (o *ruleOps) podRouted(pod netip.Addr) (bool, error) {
+	rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(addrFamily(pod)) })
+	if err != nil {
+		return false, fmt.Errorf("ip rule list: %w", err)
+	}
+	host := netip.PrefixFrom(pod, pod.BitLen())
+	for i := range rules {
+		k, _ := ruleKeyOf(&rules[i])
+		if k.Priority == o.settings.PodRules.IngressPriority && k.To == host && !k.From.IsValid() {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Prune deletes the kernel rules enimasq owns (ownsRule) that no row

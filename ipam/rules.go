@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,35 +41,23 @@ func comparePrefix(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
-// CoalesceCIDRs drops every prefix that lies inside another one (and
-// duplicates); the rest come back masked and sorted by address. Invalid
-// prefixes are dropped. IPv4 and IPv6 prefixes never contain each other.
+// CoalesceCIDRs is the smallest set of prefixes that covers exactly the
+// addresses of in (contained prefixes and duplicates dropped, adjacent ones
+// merged), sorted by address, IPv4 first. It is the set cilium-cni writes
+// rules for (Cilium's ip.CoalesceCIDRs), so that the rules enimasq keeps in
+// the Cilium build are the ones cilium-cni wrote, and both builds write the
+// same rules. Invalid prefixes are dropped.
 func CoalesceCIDRs(in []netip.Prefix) []netip.Prefix {
-	ps := make([]netip.Prefix, 0, len(in))
+	var b netipx.IPSetBuilder
 	for _, p := range in {
 		if p.IsValid() {
-			ps = append(ps, p.Masked())
+			b.AddPrefix(p.Masked())
 		}
 	}
-	// Shortest first: a prefix can only be inside a shorter (or equal) one.
-	slices.SortFunc(ps, func(a, b netip.Prefix) int {
-		if c := cmp.Compare(a.Bits(), b.Bits()); c != 0 {
-			return c
-		}
-		return a.Addr().Compare(b.Addr())
-	})
-	out := ps[:0]
-	for _, p := range ps {
-		inside := false
-		for _, q := range out {
-			if q.Addr().Is4() == p.Addr().Is4() && q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
-				inside = true
-				break
-			}
-		}
-		if !inside {
-			out = append(out, p)
-		}
+	set, _ := b.IPSet() // only errors on invalid input, dropped above
+	out := set.Prefixes()
+	if len(out) == 0 {
+		return nil
 	}
 	slices.SortFunc(out, comparePrefix)
 	return out
@@ -84,6 +73,9 @@ func ResultCIDRs(eni *ENI, nonMasq []netip.Prefix, s Settings, family string) []
 	all = append(all, eni.VPCCIDRsAll()...)
 	if s.NativeRoutingCIDR.IsValid() {
 		all = append(all, s.NativeRoutingCIDR)
+	}
+	if s.NativeRoutingCIDRv6.IsValid() {
+		all = append(all, s.NativeRoutingCIDRv6)
 	}
 	all = append(all, nonMasq...)
 	mine := all[:0]
@@ -213,6 +205,11 @@ func PodRules(ip netip.Addr, owner string, eni *ENI, cidrs []netip.Prefix, s Set
 	}
 	if s.EgressMode == EgressModeCIDR && s.Masquerade(ip) {
 		for _, c := range cidrs {
+			if c.Bits() == 0 {
+				// "to 0.0.0.0/0" is every destination: the kernel (and
+				// Cilium) keep no destination at all.
+				c = netip.Prefix{}
+			}
 			rules = append(rules, &Rule{
 				RuleKey: RuleKey{Priority: s.PodRules.EgressPriority, From: host, To: c, Table: table},
 				Pod:     ip, Owner: owner,

@@ -83,6 +83,45 @@ func TestSampleAllocationResult(t *testing.T) {
 	}
 }
 
+// Linked into Cilium, the rules are cilium-cni's: one per CIDR whenever the
+// family is masqueraded (BPF or iptables), a CIDR of 0.0.0.0/0 is a rule
+// without destination, no ingress rule is enimasq's, and the "all" mode
+// that would fight Cilium's restore is refused.
+func TestSettingsLinkedIntoCilium(t *testing.T) {
+	node := nodeconfig.Config{
+		EnableIPv4: true,
+		Masquerade: nodeconfig.Masquerade{BPF: false, IPv4: true}, // iptables masquerading
+		IPAM: nodeconfig.IPAM{Mode: IPAMModeENI, Allocator: nodeconfig.AllocatorCilium,
+			PodRules: nodeconfig.PodRules{IngressPriority: 20, EgressPriority: 111, TableOffset: 10, Protocol: 2}},
+	}
+	s, err := NewSettings(DefaultConfig, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.MasqueradeV4 || s.OwnsAllocations() {
+		t.Errorf("settings %+v: want per-CIDR rules (cilium-cni's masq = --enable-ipv4-masquerade) and Cilium's allocations", s)
+	}
+	eni := &ENI{ID: "eni-1", Number: 1}
+	rules := PodRules(netip.MustParseAddr("10.0.1.5"), "a/b", eni, samplePrefixes(t, "0.0.0.0/0"), s)
+	if len(rules) != 1 || rules[0].Priority != 111 || rules[0].To.IsValid() || rules[0].Table != 11 {
+		t.Errorf("rules %v: want one 111 rule without destination into table 11, no ingress rule", ruleLines(rules))
+	}
+
+	cfg := DefaultConfig
+	cfg.ENIEgressRuleMode = EgressModeAll
+	if _, err := NewSettings(cfg, node); err == nil || !strings.Contains(err.Error(), "--eni-egress-rule-mode") {
+		t.Errorf("mode all linked into Cilium: %v", err)
+	}
+	node.IPAM.Mode = "cluster-pool"
+	if s, err := NewSettings(DefaultConfig, node); err != nil || s.Off == "" {
+		t.Errorf("Cilium with cluster-pool IPAM: settings %+v, %v: want off, no error", s, err)
+	}
+	node.IPAM.Allocator = nodeconfig.AllocatorEnimasq
+	if _, err := NewSettings(DefaultConfig, node); err == nil || !strings.Contains(err.Error(), "--ipam") {
+		t.Errorf("standalone with cluster-pool IPAM: %v", err)
+	}
+}
+
 func TestCoalesceCIDRs(t *testing.T) {
 	for _, tc := range []struct {
 		in, want []string
@@ -92,7 +131,11 @@ func TestCoalesceCIDRs(t *testing.T) {
 		{[]string{"10.128.0.0/13", "10.0.0.0/8"}, []string{"10.0.0.0/8"}},
 		{[]string{"10.1.2.3/8"}, []string{"10.0.0.0/8"}},
 		{[]string{"0.0.0.0/0", "192.168.0.0/16", "fe80::/10"}, []string{"0.0.0.0/0", "fe80::/10"}},
-		{[]string{"192.168.1.0/24", "192.168.0.0/24", "172.16.0.0/12"}, []string{"172.16.0.0/12", "192.168.0.0/24", "192.168.1.0/24"}},
+		// Adjacent prefixes merge, as Cilium's ip.CoalesceCIDRs (and so
+		// cilium-cni) does.
+		{[]string{"192.168.1.0/24", "192.168.0.0/24", "172.16.0.0/12"}, []string{"172.16.0.0/12", "192.168.0.0/23"}},
+		{[]string{"10.0.0.0/24", "10.0.1.0/24", "10.0.2.0/24"}, []string{"10.0.0.0/23", "10.0.2.0/24"}},
+		{[]string{"10.0.0.0/16", "10.1.0.0/16"}, []string{"10.0.0.0/15"}},
 		{[]string{"::/0", "10.0.0.0/8"}, []string{"10.0.0.0/8", "::/0"}},
 	} {
 		got := CoalesceCIDRs(samplePrefixes(t, tc.in...))

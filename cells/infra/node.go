@@ -35,6 +35,7 @@ type NodeFlags struct {
 
 	IPAM                  string `mapstructure:"ipam"`
 	IPv4NativeRoutingCIDR string `mapstructure:"ipv4-native-routing-cidr"`
+	IPv6NativeRoutingCIDR string `mapstructure:"ipv6-native-routing-cidr"`
 }
 
 var defaultNodeFlags = NodeFlags{
@@ -65,6 +66,7 @@ func (def NodeFlags) Flags(flags *pflag.FlagSet) {
 	flags.String("ip-masq-agent-config-path", def.IPMasqAgentConfigPath, "ip-masq-agent config file (YAML or JSON); its directory is watched")
 	flags.String("ipam", def.IPAM, `IP address management mode; only "eni" (AWS ENI, from the CiliumNode file) is supported`)
 	flags.String("ipv4-native-routing-cidr", def.IPv4NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv4 allocation")
+	flags.String("ipv6-native-routing-cidr", def.IPv6NativeRoutingCIDR, "CIDR reachable without masquerading, added to the CIDRs of every IPv6 allocation")
 }
 
 func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
@@ -101,17 +103,29 @@ func newNodeConfig(f NodeFlags) (nodeconfig.Config, error) {
 	if err := cfg.IPMasqAgent.Validate(cfg.Masquerade); err != nil {
 		return nodeconfig.Config{}, err
 	}
-	if f.IPv4NativeRoutingCIDR != "" {
-		p, err := netip.ParsePrefix(strings.TrimSpace(f.IPv4NativeRoutingCIDR))
-		if err != nil || !p.Addr().Is4() {
-			return nodeconfig.Config{}, fmt.Errorf("--ipv4-native-routing-cidr %q: not an IPv4 CIDR", f.IPv4NativeRoutingCIDR)
-		}
-		if p.Masked() != p {
-			return nodeconfig.Config{}, fmt.Errorf("--ipv4-native-routing-cidr %q: host bits set (did you mean %s?)", f.IPv4NativeRoutingCIDR, p.Masked())
-		}
-		cfg.IPAM.IPv4NativeRoutingCIDR = p
+	var err error
+	if cfg.IPAM.IPv4NativeRoutingCIDR, err = nativeRoutingCIDR("ipv4", f.IPv4NativeRoutingCIDR); err != nil {
+		return nodeconfig.Config{}, err
+	}
+	if cfg.IPAM.IPv6NativeRoutingCIDR, err = nativeRoutingCIDR("ipv6", f.IPv6NativeRoutingCIDR); err != nil {
+		return nodeconfig.Config{}, err
 	}
 	return cfg, nil
+}
+
+// nativeRoutingCIDR parses --ipv4/ipv6-native-routing-cidr ("" is unset).
+func nativeRoutingCIDR(family, flag string) (netip.Prefix, error) {
+	if flag == "" {
+		return netip.Prefix{}, nil
+	}
+	p, err := netip.ParsePrefix(strings.TrimSpace(flag))
+	if err != nil || p.Addr().Is4() != (family == "ipv4") {
+		return netip.Prefix{}, fmt.Errorf("--%s-native-routing-cidr %q: not an %s CIDR", family, flag, strings.ToUpper(family[:2])+family[2:])
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("--%s-native-routing-cidr %q: host bits set (did you mean %s?)", family, flag, p.Masked())
+	}
+	return p, nil
 }
 
 // ErrAlreadyRunning is returned when another agent holds the state dir.

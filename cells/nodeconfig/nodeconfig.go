@@ -110,9 +110,11 @@ type IPAM struct {
 	// Allocator is AllocatorEnimasq or AllocatorCilium.
 	Allocator string
 
-	// IPv4NativeRoutingCIDR is reached without masquerading: it is one of
-	// the CIDRs of every IPv4 pod's egress rules. Invalid when unset.
+	// IPv4NativeRoutingCIDR and IPv6NativeRoutingCIDR are reached without
+	// masquerading: each is one of the CIDRs of every pod's egress rules of
+	// its family. Invalid when unset.
 	IPv4NativeRoutingCIDR netip.Prefix
+	IPv6NativeRoutingCIDR netip.Prefix
 
 	// PodRules is the shape of the pod ip rules enimasq writes and prunes.
 	PodRules PodRules

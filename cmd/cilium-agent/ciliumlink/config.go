@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/cilium/cilium/pkg/bpf"
 	"github.com/cilium/cilium/pkg/datapath/linux/linux_defaults"
 	"github.com/cilium/cilium/pkg/defaults"
 	ipmasqcell "github.com/cilium/cilium/pkg/ipmasq/cell"
@@ -36,7 +37,9 @@ var CiliumPodRules = nodeconfig.PodRules{
 func newNodeConfig(dc *option.DaemonConfig, ipMasq ipmasqcell.Config) (nodeconfig.Config, error) {
 	bpfRoot := dc.BPFRoot
 	if bpfRoot == "" {
-		bpfRoot = defaults.BPFFSRoot
+		// Where Cilium mounted the bpffs (initEnv has run when the hive is
+		// built): /sys/fs/bpf, or /run/cilium/bpffs when that is not one.
+		bpfRoot = bpf.BPFFSRoot()
 	}
 	stateDir := dc.StateDir
 	if stateDir == "" {
@@ -68,6 +71,13 @@ func newNodeConfig(dc *option.DaemonConfig, ipMasq ipmasqcell.Config) (nodeconfi
 			return nodeconfig.Config{}, fmt.Errorf("--%s %s: %w", option.IPv4NativeRoutingCIDR, c, err)
 		}
 		cfg.IPAM.IPv4NativeRoutingCIDR = p.Masked()
+	}
+	if c := dc.IPv6NativeRoutingCIDR; c != nil && c.IPNet != nil {
+		p, err := netip.ParsePrefix(c.String())
+		if err != nil {
+			return nodeconfig.Config{}, fmt.Errorf("--%s %s: %w", option.IPv6NativeRoutingCIDR, c, err)
+		}
+		cfg.IPAM.IPv6NativeRoutingCIDR = p.Masked()
 	}
 	return cfg, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/cilium/pkg/ipmasq"
 	ipmasqcell "github.com/cilium/cilium/pkg/ipmasq/cell"
+	"github.com/cilium/cilium/pkg/option"
 )
 
 // disableCiliumIPMasqWriter turns Cilium's ip-masq-agent off as a writer of
@@ -33,9 +34,10 @@ func disableCiliumIPMasqWriter(c ipmasqcell.Config) ipmasqcell.Config {
 // Cilium's agent fails to start when the config directory is missing
 // (cilium#13502): this one then reads the defaults and logs it, and
 // enimasq's own watcher picks the file up when it appears.
-func readOnlyIPMasqAgent(a *ipmasq.IPMasqAgent, c ipmasqcell.Config, lc cell.Lifecycle, log *slog.Logger) *ipmasq.IPMasqAgent {
-	if a != nil {
-		// Cilium's writer is on: disableCiliumIPMasqWriter was not applied.
+func readOnlyIPMasqAgent(a *ipmasq.IPMasqAgent, c ipmasqcell.Config, dc *option.DaemonConfig, lc cell.Lifecycle, log *slog.Logger) *ipmasq.IPMasqAgent {
+	if a != nil || !dc.EnableIPMasqAgent {
+		// Cilium's writer is on (disableCiliumIPMasqWriter was not
+		// applied), or there is no ip-masq-agent: Cilium's IPAM does not ask.
 		return a
 	}
 	log = log.With("subsys", "enimasq-ipmasq-reader")

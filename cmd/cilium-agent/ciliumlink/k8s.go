@@ -78,7 +78,8 @@ func newK8sClient(cs k8sClient.Clientset) (*k8sclient.Client, error) {
 
 // unstructuredListWatch lists and watches through a typed client and hands
 // out *unstructured.Unstructured objects of kind gvk, as the dynamic client
-// would.
+// would. The list keeps its resourceVersion but not metadata.continue: the
+// CiliumNode is listed by name, one object, never paged.
 func unstructuredListWatch(gvk schema.GroupVersionKind, tweak func(*metav1.ListOptions),
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),

@@ -281,6 +281,54 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	// Every rule of another priority is as it was: the ingress rules
 	// cilium-cni wrote, the kernel's own, the foreign priority-110 rule.
 	after := listRules(t, nl)
+	defer func() { checkOtherPriorities(t, before, after) }()
+
+	// Pod C leaves status.ipam.used while Cilium still routes to it (its
+	// ingress rule is there): its egress rules stay. A second edit orders
+	// the check: the reconciler handles C's deletes before the new rows.
+	updateUsed(t, ctx, fcs, podA, podB)
+	writeFile(t, configPath, "nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10, 198.18.0.0/15]\n")
+	wantCIDRs("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "198.18.0.0/15")
+	got = egressRules(2 * 5)
+	if want := prefixes("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16"); !slices.Equal(got[podC], want) {
+		t.Errorf("pod C, gone from status.ipam.used but routed, egress to %v, want kept %v", got[podC], want)
+	}
+	if want := prefixes("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16", "198.18.0.0/15"); !slices.Equal(got[podA], want) {
+		t.Errorf("pod A egress to %v, want %v", got[podA], want)
+	}
+
+	// cilium-cni's DEL of C removes its ingress rule first; Cilium's own
+	// delete of the egress rules would stop at the first CIDR it does not
+	// find. enimasq's retried delete removes them.
+	ingressC := netlink.NewRule()
+	ingressC.Priority, ingressC.Family, ingressC.Table = 20, unix.AF_INET, unix.RT_TABLE_MAIN
+	ingressC.Dst = ipNet(netip.PrefixFrom(podC, 32))
+	if err := nl.RuleDel(ingressC); err != nil {
+		t.Fatalf("delete pod C's ingress rule: %s", err)
+	}
+	before = slices.DeleteFunc(before, func(r netlink.Rule) bool { return r.Priority == 20 && prefixOf(r.Dst).Addr() == podC })
+	// The kernel has no watch for rules here: poll it, bounded.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := 0
+		for _, r := range listRules(t, nl) {
+			if r.Priority == 111 && prefixOf(r.Src).Addr() == podC {
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod C's %d egress rules are still there 10s after its DEL", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	after = listRules(t, nl)
+}
+
+func checkOtherPriorities(t *testing.T, before, after []netlink.Rule) {
+	t.Helper()
 	for _, r := range before {
 		if r.Priority == 111 {
 			continue
@@ -296,6 +344,25 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		if r.Priority == 111 && r.Protocol != unix.RTPROT_KERNEL {
 			t.Errorf("rule %s has protocol %d, want Cilium's (kernel)", r, r.Protocol)
 		}
+	}
+}
+
+// updateUsed sets the CiliumNode's status.ipam.used to pods, as Cilium's
+// IPAM does when it allocates and releases.
+func updateUsed(t *testing.T, ctx context.Context, fcs *testutils.FakeClientset, pods ...netip.Addr) {
+	t.Helper()
+	nodes := fcs.CiliumV2().CiliumNodes()
+	node, err := nodes.Get(ctx, nodeTypes.GetName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node = node.DeepCopy()
+	node.Status.IPAM.Used = ipamTypes.AllocationMap{}
+	for _, pod := range pods {
+		node.Status.IPAM.Used[pod.String()] = ipamTypes.AllocationIP{Owner: "shop/" + pod.String(), Resource: podOf[pod].id}
+	}
+	if _, err := nodes.Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update CiliumNode: %s", err)
 	}
 }
 
