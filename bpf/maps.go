@@ -88,7 +88,7 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 		return nil, fmt.Errorf("load pinned map %s: %w", path, err)
 	default:
 		err := spec.Compatible(old)
-		if err == nil {
+		if err == nil || onlyReadOnlyProgDiffers(spec, old) {
 			return old, nil
 		}
 		if !errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -126,6 +126,20 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 		return nil, fmt.Errorf("pin map %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// onlyReadOnlyProgDiffers says whether the pinned map matches spec but for
+// BPF_F_RDONLY_PROG, which only restricts programs. Such a map is reused, as
+// Cilium's OpenOrCreateMap does: replacing it would leave a datapath already
+// loaded on the old map, and Cilium may have created (or reused) it first.
+func onlyReadOnlyProgDiffers(spec *ebpf.MapSpec, m *ebpf.Map) bool {
+	info, err := m.Info()
+	if err != nil || (info.Flags^spec.Flags) != unix.BPF_F_RDONLY_PROG {
+		return false
+	}
+	relaxed := spec.Copy()
+	relaxed.Flags = info.Flags
+	return relaxed.Compatible(m) == nil
 }
 
 func newUnpinnedMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {

@@ -270,3 +270,32 @@ func TestPrivilegedOpenPinned(t *testing.T) {
 		t.Errorf("pin still points at the old map (max entries %d)", pinned.MaxEntries())
 	}
 }
+
+// A pinned ipmasq map without BPF_F_RDONLY_PROG (an older enimasq, or one
+// Cilium reused) is kept as is: replacing it would strand a loaded datapath
+// on the old map. Any other difference still replaces it.
+func TestPrivilegedOpenPinnedKeepsMapWithoutReadOnlyProg(t *testing.T) {
+	dir := GlobalsDir(mountBPFFS(t))
+	var logBuf strings.Builder
+	log := slog.New(slog.NewTextHandler(&logBuf, nil))
+
+	old := IPMasqV4Spec()
+	old.Flags &^= unix.BPF_F_RDONLY_PROG
+	m1, err := OpenPinned(log, old, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m1.Close()
+	info1, _ := m1.Info()
+	id1, _ := info1.ID()
+
+	m2, err := OpenPinned(log, IPMasqV4Spec(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	info2, _ := m2.Info()
+	if id2, _ := info2.ID(); id2 != id1 || logBuf.Len() != 0 {
+		t.Errorf("map without BPF_F_RDONLY_PROG replaced (id %d, was %d): %s", id2, id1, logBuf.String())
+	}
+}
