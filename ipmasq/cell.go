@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -19,22 +20,32 @@ var Cell = cell.Module(
 	"ip-masq-agent non-masquerade CIDRs",
 
 	cell.Config(DefaultConfig),
-	cell.ProvidePrivate(NewTable),
-	cell.Provide(statedb.RWTable[*CIDR].ToTable),
+	cell.ProvidePrivate(
+		NewTable,
+		func() *metrics.Source { return metrics.NewSource(SourceName) },
+	),
+	cell.Provide(
+		statedb.RWTable[*CIDR].ToTable,
+		func(m *metrics.Source) metrics.Out { return metrics.Out{Collector: m} },
+	),
 	cell.Invoke(registerSource),
 )
 
 type sourceParams struct {
 	cell.In
 
-	Node   nodeconfig.Config
-	Config Config
-	Log    *slog.Logger
-	DB     *statedb.DB
-	Table  statedb.RWTable[*CIDR]
-	Jobs   job.Group
-	Health cell.Health
+	Node    nodeconfig.Config
+	Config  Config
+	Log     *slog.Logger
+	DB      *statedb.DB
+	Table   statedb.RWTable[*CIDR]
+	Jobs    job.Group
+	Health  cell.Health
+	Metrics *metrics.Source
 }
+
+// SourceName names the ip-masq-agent file in the source metrics.
+const SourceName = "ip-masq-agent"
 
 func registerSource(p sourceParams) error {
 	agent := p.Node.IPMasqAgent
@@ -61,6 +72,7 @@ func registerSource(p sourceParams) error {
 		db:       p.DB,
 		table:    p.Table,
 		initDone: initDone,
+		metrics:  p.Metrics,
 	}
 	p.Jobs.Add(job.OneShot("watch-config", s.run))
 	return nil

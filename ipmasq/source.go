@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -53,6 +54,7 @@ type source struct {
 	db       *statedb.DB
 	table    statedb.RWTable[*CIDR]
 	initDone func(statedb.WriteTxn) // nil once the table is initialized
+	metrics  *metrics.Source
 
 	lastErr      string // logged once per distinct error
 	lastWarnings string // logged once per distinct set
@@ -70,6 +72,7 @@ func (s *source) run(ctx context.Context, health cell.Health) error {
 func (s *source) reload(health cell.Health) {
 	d, err := ReadFile(s.path)
 	if err != nil {
+		s.metrics.Error()
 		if msg := err.Error(); msg != s.lastErr {
 			s.lastErr = msg
 			s.log.Error("Invalid ip-masq-agent config: keeping the CIDRs in force", "error", err)
@@ -88,6 +91,7 @@ func (s *source) reload(health cell.Health) {
 		}
 	}
 	changed := s.apply(d)
+	s.metrics.Success()
 	if changed > 0 || d.Summary != s.lastSummary {
 		s.log.Info("Applied ip-masq-agent config", "summary", d.Summary, "rows-changed", changed)
 		s.lastSummary = d.Summary

@@ -16,11 +16,12 @@ var Cell = cell.Module(
 	cell.Config(DefaultConfig),
 	cell.ProvidePrivate(
 		NewMasqTable,
-		newMapOps[*MasqEntry],
+		newMasqMapOps,
 	),
 	cell.Provide(
 		statedb.RWTable[*MasqEntry].ToTable,
 		scriptCommands,
+		tableMetrics[*MasqEntry],
 	),
 	cell.Invoke(registerMasq),
 
@@ -39,13 +40,14 @@ var policyMapCells = cell.Group(
 	cell.ProvidePrivate(
 		NewPolicyEndpointsTable,
 		NewPolicyMapEntriesTable,
-		newMapOps[*PolicyMapEntry],
+		newPolicyMapOps,
 		newPolicyState,
 	),
 	cell.Provide(
 		statedb.RWTable[*PolicyEndpoint].ToTable,
 		statedb.RWTable[*PolicyMapEntry].ToTable,
 		policyScriptCommands,
+		tableMetrics[*PolicyMapEntry],
 	),
 	cell.Invoke(registerPolicyMaps),
 )

@@ -124,8 +124,8 @@ func registerMasq(p masqParams) error {
 		(*MasqEntry).Clone,
 		(*MasqEntry).SetStatus,
 		(*MasqEntry).GetStatus,
-		p.Ops.faults,
-		p.Ops.faults,
+		p.Ops.ops,
+		p.Ops.ops,
 		reconcilerOptions(p.Config, "masq-map")...,
 	)
 	return err

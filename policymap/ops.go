@@ -7,8 +7,12 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/metrics"
 )
 
 // mapOps are the LPM reconciler operations of one table, with the fault
@@ -17,15 +21,51 @@ import (
 type mapOps[E bpf.Entry] struct {
 	inner  *bpf.Ops[E]
 	faults *bpf.FaultInjector[E]
-	mu     sync.Mutex
-	maps   map[string]*ebpf.Map // the maps the cell opened, by name; under mu
+	// ops is what the reconciler calls: the fault injector, observed by
+	// the map-operation metrics.
+	ops     *bpf.ObservedOps[E]
+	metrics *metrics.MapOps
+	mu      sync.Mutex
+	maps    map[string]*ebpf.Map // the maps the cell opened, by name; under mu
 }
 
-func newMapOps[E bpf.Entry](cfg Config) *mapOps[E] {
+func newMapOps[E bpf.Entry](cfg Config, table string) *mapOps[E] {
 	inner := bpf.NewOps[E](nil)
 	faults := bpf.NewFaultInjector[E](inner)
 	faults.SetProbability(cfg.BPFMapFaultProbability)
-	return &mapOps[E]{inner: inner, faults: faults, maps: map[string]*ebpf.Map{}}
+	m := metrics.NewMapOps(table)
+	return &mapOps[E]{inner: inner, faults: faults, ops: bpf.NewObservedOps[E](faults, m.Observe), metrics: m, maps: map[string]*ebpf.Map{}}
+}
+
+func newMasqMapOps(cfg Config) *mapOps[*MasqEntry] { return newMapOps[*MasqEntry](cfg, MasqTableName) }
+
+func newPolicyMapOps(cfg Config) *mapOps[*PolicyMapEntry] {
+	return newMapOps[*PolicyMapEntry](cfg, PolicyMapEntriesTableName)
+}
+
+// maxEntries are the open maps and their sizes, for the pressure metric.
+func (o *mapOps[E]) maxEntries() map[string]uint32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]uint32, len(o.maps))
+	for name, m := range o.maps {
+		out[name] = m.MaxEntries()
+	}
+	return out
+}
+
+// tableMetrics are the collectors of a map table: its rows by status, its
+// maps' operations and pressure.
+func tableMetrics[E interface {
+	bpf.Entry
+	GetStatus() reconciler.Status
+}](db *statedb.DB, table statedb.Table[E], ops *mapOps[E]) metrics.Outs {
+	entry := func(e E) (string, reconciler.Status, bool) { return e.MapName(), e.GetStatus(), e.MapName() != "" }
+	return metrics.Outs{Collectors: []prometheus.Collector{
+		metrics.TableRows(db, table, func(e E) (reconciler.Status, bool) { return e.GetStatus(), e.MapName() != "" }),
+		metrics.MapPressure(db, table, entry, ops.maxEntries),
+		ops.metrics,
+	}}
 }
 
 // open opens (or creates) the pinned map and hands it to the operations.

@@ -164,8 +164,8 @@ func registerPolicyMaps(p policyMapParams) error {
 		(*PolicyMapEntry).Clone,
 		(*PolicyMapEntry).SetStatus,
 		(*PolicyMapEntry).GetStatus,
-		p.Ops.faults,
-		p.Ops.faults,
+		p.Ops.ops,
+		p.Ops.ops,
 		reconcilerOptions(p.Config, "policy-map")...,
 	)
 	p.State.reconciler = rec

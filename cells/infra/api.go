@@ -52,6 +52,7 @@ type apiParams struct {
 	Registry  *HealthRegistry
 	Health    cell.Health
 	Metrics   *reconciler.ExpVarMetrics
+	Prometheus *Registry
 	Node      nodeconfig.Config
 	Config    APIConfig
 	Handlers  []APIHandler `group:"api-handlers"`
@@ -88,6 +89,7 @@ func newAPIMux(p apiParams) *http.ServeMux {
 		})
 		fmt.Fprintf(w, "\n}\n")
 	})
+	mux.Handle("GET /metrics", p.Prometheus.Handler())
 	for _, h := range p.Handlers {
 		mux.Handle(h.Pattern, h.Handler)
 	}

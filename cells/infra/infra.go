@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -23,11 +24,13 @@ var Infrastructure = cell.Group(
 	Core,
 	shellCell,
 	apiCell,
+	metricsServerCell,
 	k8sclient.Cell,
 )
 
 // Core is the part of Infrastructure that script tests share with the agent:
-// statedb, jobs, health with its `health` command, and reconciler metrics.
+// statedb, jobs, health with its `health` command, reconciler metrics, and
+// the Prometheus registry with its `metrics` command.
 var Core = cell.Group(
 	statedb.Cell,
 	job.Cell,
@@ -38,7 +41,10 @@ var Core = cell.Group(
 		// Unpublished: the agent API serves them at /debug/vars, and tests may
 		// run several hives in one process.
 		reconciler.NewUnpublishedExpVarMetrics,
-		func(m *reconciler.ExpVarMetrics) reconciler.Metrics { return m },
+		metrics.NewReconciler,
+		func(e *reconciler.ExpVarMetrics, p *metrics.Reconciler) reconciler.Metrics { return teeMetrics{e, p} },
+		newRegistry,
+		metricsCommand,
 	),
 )
 

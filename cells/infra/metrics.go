@@ -1,0 +1,193 @@
+package infra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/spf13/pflag"
+
+	"github.com/enimasq/enimasq/cells/metrics"
+)
+
+// MetricsConfig is where Prometheus scrapes the standalone agent.
+type MetricsConfig struct {
+	PrometheusServeAddr string `mapstructure:"prometheus-serve-addr"`
+}
+
+func (def MetricsConfig) Flags(flags *pflag.FlagSet) {
+	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
+		`Serve Prometheus metrics (/metrics) on this address, e.g. ":9962"; off when empty. They are always on the API socket`)
+}
+
+// Registry is the agent's Prometheus registry: enimasq's collectors (the
+// "enimasq-metrics" group), the reconciler metrics, and the Go and process
+// collectors.
+type Registry struct {
+	*prometheus.Registry
+}
+
+type registryParams struct {
+	cell.In
+
+	Reconciler *metrics.Reconciler
+	Collectors []prometheus.Collector `group:"enimasq-metrics"`
+}
+
+func newRegistry(p registryParams) (*Registry, error) {
+	reg := prometheus.NewRegistry()
+	if err := metrics.Register(reg, append([]prometheus.Collector{
+		p.Reconciler,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}, p.Collectors...)); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return &Registry{reg}, nil
+}
+
+// Handler serves the registry in Prometheus' text format.
+func (r *Registry) Handler() http.Handler {
+	return promhttp.HandlerFor(r.Registry, promhttp.HandlerOpts{})
+}
+
+// teeMetrics sends reconciler metrics to expvar (/debug/vars) and Prometheus.
+type teeMetrics []reconciler.Metrics
+
+func (t teeMetrics) ReconciliationDuration(id cell.FullModuleID, name, op string, d time.Duration) {
+	for _, m := range t {
+		m.ReconciliationDuration(id, name, op, d)
+	}
+}
+
+func (t teeMetrics) ReconciliationErrors(id cell.FullModuleID, name string, new, current int) {
+	for _, m := range t {
+		m.ReconciliationErrors(id, name, new, current)
+	}
+}
+
+func (t teeMetrics) PruneError(id cell.FullModuleID, name string, err error) {
+	for _, m := range t {
+		m.PruneError(id, name, err)
+	}
+}
+
+func (t teeMetrics) PruneDuration(id cell.FullModuleID, name string, d time.Duration) {
+	for _, m := range t {
+		m.PruneDuration(id, name, d)
+	}
+}
+
+// metricsCommand is `metrics [regexp]`: the registry in text format, the
+// lines (samples, without HELP/TYPE) matching regexp.
+func metricsCommand(r *Registry) hive.ScriptCmdOut {
+	return hive.NewScriptCmd("metrics", script.Command(
+		script.CmdUsage{Summary: "Print the Prometheus metrics (samples matching the optional regexp)", Args: "[regexp]"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			var re *regexp.Regexp
+			if len(args) > 0 {
+				var err error
+				if re, err = regexp.Compile(args[0]); err != nil {
+					return nil, err
+				}
+			}
+			text, err := r.Text()
+			if err != nil {
+				return nil, err
+			}
+			var b strings.Builder
+			for _, line := range strings.Split(text, "\n") {
+				if line == "" || strings.HasPrefix(line, "#") || (re != nil && !re.MatchString(line)) {
+					continue
+				}
+				b.WriteString(line + "\n")
+			}
+			return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+		}))
+}
+
+// Text is the registry in Prometheus' text format.
+func (r *Registry) Text() (string, error) {
+	families, err := r.Gather()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, f := range families {
+		if _, err := expfmt.MetricFamilyToText(&b, f); err != nil {
+			return "", err
+		}
+	}
+	return b.String(), nil
+}
+
+type metricsServerParams struct {
+	cell.In
+
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	Health    cell.Health
+	Config    MetricsConfig
+	Registry  *Registry
+}
+
+// registerMetricsServer serves /metrics on --prometheus-serve-addr.
+func registerMetricsServer(p metricsServerParams) {
+	addr := p.Config.PrometheusServeAddr
+	if addr == "" {
+		p.Health.OK("Not serving Prometheus metrics (--prometheus-serve-addr is empty); they are on the API socket at /metrics")
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", p.Registry.Handler())
+	server := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				return fmt.Errorf("--prometheus-serve-addr %s: %w", addr, err)
+			}
+			p.Log.Info("Serving Prometheus metrics", "address", l.Addr().String())
+			p.Health.OK("Serving /metrics on " + l.Addr().String())
+			go func() {
+				defer close(done)
+				if err := server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					p.Log.Error("Prometheus metrics server stopped", "error", err)
+				}
+			}()
+			return nil
+		},
+		OnStop: func(ctx cell.HookContext) error {
+			err := server.Shutdown(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = server.Close()
+			}
+			<-done
+			return err
+		},
+	})
+}
+
+// metricsServerCell serves the registry on --prometheus-serve-addr.
+var metricsServerCell = cell.Module(
+	"prometheus",
+	"Prometheus metrics server",
+
+	cell.Config(MetricsConfig{}),
+	cell.Invoke(registerMetricsServer),
+)
