@@ -46,16 +46,16 @@ type APIHandlerOut struct {
 type apiParams struct {
 	cell.In
 
-	Lifecycle cell.Lifecycle
-	Log       *slog.Logger
-	DB        *statedb.DB
-	Registry  *HealthRegistry
-	Health    cell.Health
-	Metrics   *reconciler.ExpVarMetrics
+	Lifecycle  cell.Lifecycle
+	Log        *slog.Logger
+	DB         *statedb.DB
+	Registry   *HealthRegistry
+	Health     cell.Health
+	Metrics    *reconciler.ExpVarMetrics
 	Prometheus *Registry
-	Node      nodeconfig.Config
-	Config    APIConfig
-	Handlers  []APIHandler `group:"api-handlers"`
+	Node       nodeconfig.Config
+	Config     APIConfig
+	Handlers   []APIHandler `group:"api-handlers"`
 }
 
 // SocketPath resolves a socket flag: empty means <state-dir>/<name>.

@@ -39,7 +39,7 @@ func (m *MapOps) Observe(mapName, op string, err error) {
 }
 
 func (m *MapOps) Describe(ch chan<- *prometheus.Desc) { m.ops.Describe(ch) }
-func (m *MapOps) Collect(ch chan<- prometheus.Metric)  { m.ops.Collect(ch) }
+func (m *MapOps) Collect(ch chan<- prometheus.Metric) { m.ops.Collect(ch) }
 
 // mapPressure is enimasq_bpf_map_pressure{map}: the entries of a map that
 // the table holds in the kernel (rows Done) over its max entries, as
