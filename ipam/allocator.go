@@ -68,6 +68,7 @@ type Allocator struct {
 	ciliumNodePath string
 	retry          time.Duration
 	restoreDone    func(statedb.WriteTxn)
+	metrics        *ipamMetrics
 }
 
 func validateOwner(owner string) error {
@@ -156,6 +157,11 @@ func (a *Allocator) nonMasq(txn statedb.ReadTxn) []netip.Prefix {
 // one of the family. Asking again for the same owner and family returns the
 // same allocation (created is false).
 func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool, err error) {
+	defer func() {
+		if err != nil {
+			a.metrics.allocationFailed(err)
+		}
+	}()
 	owner, family, want, err := a.parseRequest(req)
 	if err != nil {
 		return AllocationResult{}, false, err

@@ -34,6 +34,7 @@ var Cell = cell.Module(
 		NewRouteTable,
 		NewSettings,
 		newNetlink,
+		newIPAMMetrics,
 	),
 	cell.Provide(
 		statedb.RWTable[*ENI].ToTable,
@@ -43,6 +44,7 @@ var Cell = cell.Module(
 		newAllocator,
 		NewAPI,
 		scriptCommands,
+		(*ipamMetrics).collectors,
 	),
 	cell.Invoke(
 		// The allocator's jobs (checkpoint restore, pool sync) run even
@@ -69,6 +71,7 @@ type allocatorParams struct {
 	Rules    statedb.Table[*Rule]
 	Routes   statedb.Table[*Route]
 	Jobs     job.Group
+	Metrics  *ipamMetrics
 	Client   *k8sclient.Client `optional:"true"`
 }
 
@@ -96,6 +99,7 @@ func newAllocator(p allocatorParams) *Allocator {
 		ciliumNodePath: p.Config.CiliumNodePath,
 		retry:          p.Config.CiliumNodeResync,
 		restoreDone:    restoreDone,
+		metrics:        p.Metrics,
 	}
 	if p.Client != nil && p.Client.IsEnabled() {
 		a.ciliumNodePath = "the API server (ciliumnodes/" + p.Client.NodeName() + ")"
@@ -128,6 +132,7 @@ type sourceParams struct {
 	Table    statedb.RWTable[*ENI]
 	Jobs     job.Group
 	Health   cell.Health
+	Metrics  *ipamMetrics
 	// Client, when enabled, makes the API server's CiliumNode the source
 	// instead of --ciliumnode-path.
 	Client *k8sclient.Client `optional:"true"`
@@ -154,6 +159,7 @@ func registerSource(p sourceParams) error {
 		db:       p.DB,
 		table:    p.Table,
 		initDone: initDone,
+		metrics:  p.Metrics.source,
 	}
 	if p.Client != nil && p.Client.IsEnabled() {
 		p.Jobs.Add(job.OneShot("watch-ciliumnode", newK8sSource(s, p.Client).run))

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -54,6 +55,7 @@ type source struct {
 	db       *statedb.DB
 	table    statedb.RWTable[*ENI]
 	initDone func(statedb.WriteTxn) // nil once the table is initialized
+	metrics  *metrics.Source
 
 	lastErr      string
 	lastWarnings string
@@ -89,6 +91,7 @@ func (s *source) apply(health cell.Health, n *CiliumNode) {
 			s.log.Warn("CiliumNode", "path", s.path, "warning", warning)
 		}
 	}
+	s.metrics.Success()
 	wtxn := s.db.WriteTxn(s.table)
 	changed := DiffENIs(wtxn, s.table, n.ENIs)
 	if s.initDone != nil {
@@ -105,6 +108,9 @@ func (s *source) apply(health cell.Health, n *CiliumNode) {
 }
 
 func (s *source) fail(health cell.Health, err error) {
+	if !errors.Is(err, fs.ErrNotExist) || s.initDone == nil {
+		s.metrics.Error()
+	}
 	if msg := err.Error(); msg != s.lastErr {
 		s.lastErr = msg
 		switch {

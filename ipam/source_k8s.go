@@ -62,6 +62,7 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 		s.logOnce(fmt.Sprintf("API server: %s", snap.Err), func() {
 			s.log.Error("CiliumNode: API server error, retrying", "node", node, "state", kept, "error", snap.Err)
 		})
+		s.metrics.Error()
 		health.Degraded(fmt.Sprintf("CiliumNode %s: API server error, %s, retrying", node, kept), snap.Err)
 		return
 	}

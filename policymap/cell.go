@@ -42,12 +42,14 @@ var policyMapCells = cell.Group(
 		NewPolicyMapEntriesTable,
 		newPolicyMapOps,
 		newPolicyState,
+		newPolicyMetrics,
 	),
 	cell.Provide(
 		statedb.RWTable[*PolicyEndpoint].ToTable,
 		statedb.RWTable[*PolicyMapEntry].ToTable,
 		policyScriptCommands,
 		tableMetrics[*PolicyMapEntry],
+		(*policyMetrics).collectors,
 	),
 	cell.Invoke(registerPolicyMaps),
 )

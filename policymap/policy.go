@@ -29,7 +29,8 @@ type policySourceParams struct {
 	Client *k8sclient.Client `optional:"true"`
 	// ENIs, when the ENI IPAM runs, add the ENIs' primary IPs to the node's
 	// addresses (the node rule of the API source).
-	ENIs statedb.Table[*ipam.ENI] `optional:"true"`
+	ENIs    statedb.Table[*ipam.ENI] `optional:"true"`
+	Metrics *policyMetrics           `optional:"true"`
 }
 
 // registerPolicySource fills policy-endpoints from the PolicyEndpoint
@@ -67,6 +68,9 @@ func registerPolicySource(p policySourceParams) error {
 		node:     p.Node,
 		initDone: initDone,
 	}
+	if p.Metrics != nil {
+		s.metrics = p.Metrics.source
+	}
 	if api {
 		k := &policyK8sSource{policySource: s, client: p.Client, enis: p.ENIs}
 		p.Jobs.Add(job.OneShot("watch-policy-endpoints", k.run))
@@ -91,6 +95,7 @@ type policyMapParams struct {
 	Reconcile reconciler.Params
 	Ops       *mapOps[*PolicyMapEntry]
 	State     *policyState
+	Metrics   *policyMetrics
 	Client    *k8sclient.Client `optional:"true"`
 }
 
@@ -149,6 +154,7 @@ func registerPolicyMaps(p policyMapParams) error {
 	initDone := p.Entries.RegisterInitializer(wtxn, "derive-policy-map-entries")
 	wtxn.Commit()
 	d := &policyDeriver{
+		metrics:   p.Metrics,
 		log:       p.Log,
 		db:        p.DB,
 		endpoints: p.Endpoints,

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -33,6 +34,8 @@ type policyDeriver struct {
 	// podsOf holds, per object key, the pod IPs it listed when last seen:
 	// a change or deletion must also recompile the pods it no longer lists.
 	podsOf map[string][]netip.Addr
+
+	metrics *policyMetrics
 }
 
 // run follows the changes of policy-endpoints until ctx is done.
@@ -70,8 +73,12 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			d.podsOf[key] = pods
 		}
 		written := 0
+		start := time.Now()
 		for _, pod := range sortedAddrs(affected) {
 			written += d.syncPod(wtxn, pod)
+		}
+		if len(affected) > 0 {
+			d.metrics.compiled(time.Since(start))
 		}
 		if d.initDone != nil {
 			if ok, ch := d.endpoints.Initialized(wtxn); ok {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -35,6 +36,7 @@ type policySource struct {
 	table    statedb.RWTable[*PolicyEndpoint]
 	node     nodeconfig.Config
 	initDone func(statedb.WriteTxn) // nil once the table is initialized
+	metrics  *metrics.Source
 
 	files map[string]*policyFile // last good version, by file name
 
@@ -108,6 +110,7 @@ func (s *policySource) reload(health cell.Health) {
 // objects stay), OK otherwise.
 func (s *policySource) report(health cell.Health, err error, summary string) {
 	if err != nil {
+		s.metrics.Error()
 		if msg := err.Error(); msg != s.lastErr {
 			s.lastErr = msg
 			s.log.Error("Invalid PolicyEndpoints: keeping the last good objects of the files in error", "error", err)
@@ -119,6 +122,7 @@ func (s *policySource) report(health cell.Health, err error, summary string) {
 		s.log.Info("PolicyEndpoint files are valid again", "dir", s.dir)
 		s.lastErr = ""
 	}
+	s.metrics.Success()
 	health.OK(summary)
 }
 

@@ -222,10 +222,12 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 		s.log.Info("PolicyEndpoints are valid and the API server answers again")
 		s.lastErr = ""
 	}
+	s.metrics.Success()
 	health.OK(summary)
 }
 
 func (s *policyK8sSource) reportAPI(health cell.Health, reason string, err error) {
+	s.metrics.Error()
 	if msg := reason + ": " + err.Error(); msg != s.lastErr {
 		s.lastErr = msg
 		s.log.Error("PolicyEndpoints: "+reason, "error", err)

@@ -21,4 +21,5 @@ var Cell = cell.Module(
 	cell.DecorateAll(readOnlyIPMasqAgent),
 
 	cells.Features,
+	cell.Provide(newEnimasqMetrics),
 )

@@ -5,7 +5,8 @@ import (
 	"net/netip"
 	"path/filepath"
 
-	"github.com/cilium/cilium/pkg/bpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/cilium/cilium/pkg/datapath/linux/linux_defaults"
 	"github.com/cilium/cilium/pkg/defaults"
 	ipmasqcell "github.com/cilium/cilium/pkg/ipmasq/cell"
@@ -37,9 +38,7 @@ var CiliumPodRules = nodeconfig.PodRules{
 func newNodeConfig(dc *option.DaemonConfig, ipMasq ipmasqcell.Config) (nodeconfig.Config, error) {
 	bpfRoot := dc.BPFRoot
 	if bpfRoot == "" {
-		// Where Cilium mounted the bpffs (initEnv has run when the hive is
-		// built): /sys/fs/bpf, or /run/cilium/bpffs when that is not one.
-		bpfRoot = bpf.BPFFSRoot()
+		bpfRoot = defaultBPFRoot()
 	}
 	stateDir := dc.StateDir
 	if stateDir == "" {
@@ -80,4 +79,18 @@ func newNodeConfig(dc *option.DaemonConfig, ipMasq ipmasqcell.Config) (nodeconfi
 		cfg.IPAM.IPv6NativeRoutingCIDR = p.Masked()
 	}
 	return cfg, nil
+}
+
+// defaultBPFRoot is where Cilium mounts the bpffs without --bpf-root:
+// /sys/fs/bpf, or /run/cilium/bpffs when /sys/fs/bpf is not a bpffs
+// (pkg/bpf checkOrMountFS). It is found by looking, not by asking pkg/bpf:
+// reading its root locks it, and the hive is built before Cilium mounts.
+func defaultBPFRoot() string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(defaults.BPFFSRoot, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+		if err := unix.Statfs(defaults.BPFFSRootFallback, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+			return defaults.BPFFSRootFallback
+		}
+	}
+	return defaults.BPFFSRoot
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -35,6 +36,7 @@ import (
 	ciliumv2 "github.com/cilium/cilium/pkg/k8s/apis/cilium.io/v2"
 	"github.com/cilium/cilium/pkg/k8s/client/testutils"
 	ipmasqmaps "github.com/cilium/cilium/pkg/maps/ipmasq"
+	"github.com/cilium/cilium/pkg/metrics/metric"
 	nodeTypes "github.com/cilium/cilium/pkg/node/types"
 	"github.com/cilium/cilium/pkg/option"
 
@@ -123,6 +125,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		fcs       *testutils.FakeClientset
 		ipmasqAg  *ciliumipmasq.IPMasqAgent
 		ipmasqCfg ipmasqcell.Config
+		hiveMets  []metric.WithMetadata
 	)
 	h := hive.New(
 		testutils.FakeClientCell(),
@@ -137,8 +140,8 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		ciliumlink.Cell,
 		cell.Invoke(func(d *statedb.DB, e statedb.Table[*ipam.ENI], r statedb.Table[*ipam.Rule],
 			c statedb.Table[*ipmasq.CIDR], m statedb.Table[*policymap.MasqEntry], f *testutils.FakeClientset,
-			a *ciliumipmasq.IPMasqAgent, ic ipmasqcell.Config) {
-			db, enis, rules, cidrs, masq, fcs, ipmasqAg, ipmasqCfg = d, e, r, c, m, f, a, ic
+			a *ciliumipmasq.IPMasqAgent, ic ipmasqcell.Config, hm hiveMetrics) {
+			db, enis, rules, cidrs, masq, fcs, ipmasqAg, ipmasqCfg, hiveMets = d, e, r, c, m, f, a, ic, hm.Metrics
 		}),
 	)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
@@ -256,6 +259,10 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	}
 
 	wantCIDRs("10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16")
+	// enimasq's metrics reach Cilium's registry as one hive metric.
+	if v := gatherEnimasq(t, hiveMets, "enimasq_bpf_map_entries", "cilium_ipmasq_v4"); v != 3 {
+		t.Errorf("enimasq_bpf_map_entries{map=cilium_ipmasq_v4} = %g through Cilium's hive metrics, want 3", v)
+	}
 	got := egressRules(3 * 4)
 	for _, pod := range []netip.Addr{podA, podB, podC, podD} {
 		want := prefixes("10.0.0.0/8", "169.254.0.0/16", "172.31.0.0/16", "192.168.0.0/16")
@@ -364,6 +371,42 @@ func updateUsed(t *testing.T, ctx context.Context, fcs *testutils.FakeClientset,
 	if _, err := nodes.Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update CiliumNode: %s", err)
 	}
+}
+
+type hiveMetrics struct {
+	cell.In
+	Metrics []metric.WithMetadata `group:"hive-metrics"`
+}
+
+// gatherEnimasq registers the hive metric named "enimasq" in a registry of
+// its own, as Cilium's registry does, and returns the value of the sample of
+// family name that has a label with value label.
+func gatherEnimasq(t *testing.T, hm []metric.WithMetadata, name, label string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	for _, m := range hm {
+		if m.Opts().GetConfigName() == "enimasq" {
+			reg.MustRegister(m.(prometheus.Collector))
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{...%q...} among enimasq's metrics", name, label)
+	return 0
 }
 
 // cniAdd does what cilium-cni's interfaceAdd does at ADD
