@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -21,14 +22,20 @@ type File struct {
 	MasqLinkLocal      bool     `json:"masqLinkLocal"`
 	MasqLinkLocalIPv6  bool     `json:"masqLinkLocalIPv6"`
 
-	// ResyncInterval is kubernetes-sigs/ip-masq-agent's field; it is accepted
-	// so that a ConfigMap shared with that agent stays valid, and ignored
-	// (--ip-masq-agent-resync-interval sets the period here).
+	// ResyncInterval and CIDRLimit are kubernetes-sigs/ip-masq-agent's
+	// fields, with their meaning there, so that its ConfigMaps stay valid:
+	// the period of the re-read (a Go duration, e.g. "60s"; instead of
+	// --ip-masq-agent-resync-interval), and the most CIDRs the file may list.
 	ResyncInterval string `json:"resyncInterval,omitempty"`
+	CIDRLimit      *int   `json:"cidrLimit,omitempty"`
 }
 
 // fileFields are the known fields, for the unknown-field error.
-var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6", "resyncInterval"}
+var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6", "resyncInterval", "cidrLimit"}
+
+// MinResyncInterval bounds the file's resyncInterval: a re-read costs a
+// file read and a parse.
+const MinResyncInterval = time.Second
 
 // Desired is the set of CIDRs a config file puts in effect.
 type Desired struct {
@@ -38,6 +45,8 @@ type Desired struct {
 	Warnings []string
 	// Summary says where the set came from, for logs and health.
 	Summary string
+	// ResyncInterval is the file's resyncInterval (0: not set).
+	ResyncInterval time.Duration
 }
 
 // FromMissingFile is the set in effect when the file (or its directory) does
@@ -94,6 +103,8 @@ func decode(data []byte) (File, error) {
 			dst = &f.MasqLinkLocalIPv6
 		case "resyncInterval":
 			dst = &f.ResyncInterval
+		case "cidrLimit":
+			dst = &f.CIDRLimit
 		default:
 			return File{}, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
 		}
@@ -101,6 +112,7 @@ func decode(data []byte) (File, error) {
 			want := map[string]string{
 				"nonMasqueradeCIDRs": "a list of CIDR strings",
 				"resyncInterval":     "a duration string",
+				"cidrLimit":          "a whole number",
 			}[name]
 			if want == "" {
 				want = "a boolean"
@@ -145,9 +157,24 @@ func validate(f File) (Desired, error) {
 		seen[p] = i
 		cidrs = append(cidrs, p)
 	}
+	if f.CIDRLimit != nil {
+		switch limit := *f.CIDRLimit; {
+		case limit < 0:
+			return Desired{}, fmt.Errorf("field cidrLimit: value %d is negative", limit)
+		case len(f.NonMasqueradeCIDRs) > limit:
+			return Desired{}, fmt.Errorf("field nonMasqueradeCIDRs: %d CIDRs listed, more than cidrLimit %d", len(f.NonMasqueradeCIDRs), limit)
+		}
+	}
 	d := fromCIDRs(cidrs, f)
 	if f.ResyncInterval != "" {
-		warnings = append(warnings, fmt.Sprintf("resyncInterval %q is ignored: --ip-masq-agent-resync-interval sets the re-read period", f.ResyncInterval))
+		period, err := time.ParseDuration(strings.TrimSpace(f.ResyncInterval))
+		switch {
+		case err != nil:
+			return Desired{}, fmt.Errorf("field resyncInterval: value %q is not a duration (e.g. \"60s\")", f.ResyncInterval)
+		case period < MinResyncInterval:
+			return Desired{}, fmt.Errorf("field resyncInterval: value %q is below %s", f.ResyncInterval, MinResyncInterval)
+		}
+		d.ResyncInterval = period
 	}
 	if len(f.NonMasqueradeCIDRs) == 0 {
 		warnings = append(warnings, "nonMasqueradeCIDRs is empty: only link-local traffic is exempt from masquerading "+

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
@@ -40,6 +41,28 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 	}
 }
 
+// kubernetes-sigs/ip-masq-agent's ConfigMap fields keep their meaning:
+// resyncInterval is the re-read period, more CIDRs than cidrLimit are
+// refused.
+func TestParseSigsFields(t *testing.T) {
+	d, err := Parse("f", []byte("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\ncidrLimit: 64\nresyncInterval: 90s\n"))
+	if err != nil || d.ResyncInterval != 90*time.Second {
+		t.Errorf("resyncInterval 90s: %v, %v", d.ResyncInterval, err)
+	}
+	for _, tc := range []struct{ file, want string }{
+		{"nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\ncidrLimit: 1\n", "field nonMasqueradeCIDRs: 2 CIDRs listed, more than cidrLimit 1"},
+		{"nonMasqueradeCIDRs: []\ncidrLimit: -1\n", "field cidrLimit: value -1 is negative"},
+		{"cidrLimit: many\n", "field cidrLimit: value \"many\" is not a whole number"},
+		{"resyncInterval: soon\n", `field resyncInterval: value "soon" is not a duration`},
+		{"resyncInterval: 1ms\n", `field resyncInterval: value "1ms" is below 1s`},
+	} {
+		if _, err := Parse("/etc/config/ip-masq-agent", []byte(tc.file)); err == nil ||
+			!strings.Contains(err.Error(), "/etc/config/ip-masq-agent: "+tc.want) {
+			t.Errorf("%q: got %v, want %q", tc.file, err, tc.want)
+		}
+	}
+}
+
 func TestParseSemantics(t *testing.T) {
 	rows := func(d Desired) []string {
 		var out []string
@@ -59,7 +82,7 @@ func TestParseSemantics(t *testing.T) {
 		{"no link-local", "{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: true, masqLinkLocalIPv6: true}", []string{"10.0.0.0/8 config"}, ""},
 		{"host bits", "nonMasqueradeCIDRs: [10.1.2.3/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, `"10.1.2.3/8" has host bits set: using 10.0.0.0/8`},
 		{"duplicate", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, "listed twice"},
-		{"resyncInterval of kubernetes-sigs is ignored", "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 60s\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, "resyncInterval \"60s\" is ignored"},
+		{"cidrLimit and resyncInterval of kubernetes-sigs", "nonMasqueradeCIDRs: [10.0.0.0/8]\ncidrLimit: 1\nresyncInterval: 60s\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, ""},
 		{"listed link-local is config", "nonMasqueradeCIDRs: [fe80::/10]\nmasqLinkLocal: true", []string{"fe80::/10 config"}, ""},
 		{"sorted v4 then v6", "nonMasqueradeCIDRs: ['2001:db8::/32', 10.0.0.0/16, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true",
 			[]string{"10.0.0.0/8 config", "10.0.0.0/16 config", "2001:db8::/32 config"}, ""},

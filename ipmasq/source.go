@@ -1,6 +1,7 @@
 package ipmasq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,10 @@ type source struct {
 	initDone func(statedb.WriteTxn) // nil once the table is initialized
 	metrics  *metrics.Source
 
+	// period is the re-read period in force: the file's resyncInterval
+	// while the file in force sets it, else resync (the flag).
+	period time.Duration
+
 	lastErr      string // logged once per distinct error
 	lastWarnings string // logged once per distinct set
 	lastSummary  string
@@ -64,7 +69,9 @@ type source struct {
 // run watches the config directory (or, while it is missing, its nearest
 // existing ancestor) and re-reads the file on events and every resync.
 func (s *source) run(ctx context.Context, health cell.Health) error {
-	return filewatch.WatchDir(ctx, s.log, filepath.Dir(s.path), s.resync, func() { s.reload(health) })
+	s.period = s.resync
+	return filewatch.WatchDirPeriod(ctx, s.log, filepath.Dir(s.path), func() time.Duration { return s.period },
+		func() { s.reload(health) })
 }
 
 // reload reads the file and applies it. A bad file leaves the table as it is
@@ -92,6 +99,14 @@ func (s *source) reload(health cell.Health) {
 	}
 	changed := s.apply(d)
 	s.metrics.Success()
+	if period := cmp.Or(d.ResyncInterval, s.resync); period != s.period {
+		from := "--ip-masq-agent-resync-interval"
+		if d.ResyncInterval != 0 {
+			from = "the file's resyncInterval"
+		}
+		s.log.Info("ip-masq-agent config re-read period", "period", period, "from", from)
+		s.period = period
+	}
 	if changed > 0 || d.Summary != s.lastSummary {
 		s.log.Info("Applied ip-masq-agent config", "summary", d.Summary, "rows-changed", changed)
 		s.lastSummary = d.Summary

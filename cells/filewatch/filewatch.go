@@ -31,6 +31,13 @@ const debounce = 50 * time.Millisecond
 // It is the file source of the ip-masq-agent config, the PolicyEndpoint
 // directory and the CiliumNode file.
 func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Duration, reload func()) error {
+	return WatchDirPeriod(ctx, log, dir, func() time.Duration { return resync }, reload)
+}
+
+// WatchDirPeriod is WatchDir with a resync period that the input may set:
+// period is asked again after every reload (e.g. the ip-masq-agent file's
+// resyncInterval).
+func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period func() time.Duration, reload func()) error {
 	watcher, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("fsnotify: %w", err)
@@ -61,8 +68,18 @@ func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Dur
 	rewatch()
 	reload()
 
+	resync := period()
 	ticker := time.NewTicker(resync)
 	defer ticker.Stop()
+	// reloadAndReset reloads and follows a changed period.
+	reloadAndReset := func() {
+		rewatch()
+		reload()
+		if p := period(); p > 0 && p != resync {
+			resync = p
+			ticker.Reset(resync)
+		}
+	}
 	settle := time.NewTimer(debounce)
 	settle.Stop()
 	for {
@@ -84,11 +101,9 @@ func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Dur
 			log.Warn("fsnotify error; re-reading", "dir", dir, "error", err)
 			settle.Reset(debounce)
 		case <-settle.C:
-			rewatch()
-			reload()
+			reloadAndReset()
 		case <-ticker.C:
-			rewatch()
-			reload()
+			reloadAndReset()
 		}
 	}
 }
