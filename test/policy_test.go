@@ -21,7 +21,7 @@ func TestPrivilegedNetworkPolicyFromFilesThroughTheBinaries(t *testing.T) {
 	a.WaitHealthy()
 
 	list := func() string {
-		out, _, _ := a.Dbg("bpf", "--bpf-root", a.BPFRoot, "policy", "list")
+		out, _, _ := a.Dbg("bpf", "policy", "list")
 		return out
 	}
 	a.WaitFor("policy maps programmed", func() bool { return strings.Contains(list(), "10.130.112.20/32 tcp/8080") })
@@ -39,7 +39,7 @@ func TestPrivilegedNetworkPolicyFromFilesThroughTheBinaries(t *testing.T) {
 
 	verdict := func(peer, proto, port string) string {
 		t.Helper()
-		out, _, _ := a.Dbg("policy", "verdict", "--bpf-root", a.BPFRoot, "--pod", "10.130.100.133",
+		out, _, _ := a.Dbg("policy", "verdict", "--pod", "10.130.100.133",
 			"--direction", "egress", "--peer", peer, "--proto", proto, "--port", port)
 		verdict, _, _ := strings.Cut(out, " ")
 		return verdict

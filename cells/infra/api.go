@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
@@ -28,6 +29,15 @@ type APIConfig struct {
 
 func (def APIConfig) Flags(flags *pflag.FlagSet) {
 	flags.String("api-sock-path", def.APISockPath, "Agent API unix socket (default <state-dir>/enimasq.sock)")
+}
+
+// AgentPaths is GET /v1/config: where the agent keeps what it made.
+type AgentPaths struct {
+	BPFRoot     string `json:"bpfRoot"`
+	GlobalsDir  string `json:"globalsDir"`
+	StateDir    string `json:"stateDir"`
+	APISocket   string `json:"apiSocket"`
+	ShellSocket string `json:"shellSocket"`
 }
 
 // APIHandler is an endpoint a feature cell adds to the agent API.
@@ -55,6 +65,7 @@ type apiParams struct {
 	Prometheus *Registry
 	Node       nodeconfig.Config
 	Config     APIConfig
+	Shell      shell.Config
 	Handlers   []APIHandler `group:"api-handlers"`
 }
 
@@ -90,6 +101,18 @@ func newAPIMux(p apiParams) *http.ServeMux {
 		fmt.Fprintf(w, "\n}\n")
 	})
 	mux.Handle("GET /metrics", p.Prometheus.Handler())
+	mux.HandleFunc("GET /v1/config", func(w http.ResponseWriter, r *http.Request) {
+		// The paths a client (enimasq-dbg) needs to find what this agent
+		// made, whatever flags it was started with.
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(AgentPaths{
+			BPFRoot:     p.Node.BPFRoot,
+			GlobalsDir:  p.Node.GlobalsDir(),
+			StateDir:    p.Node.StateDir,
+			APISocket:   SocketPath(p.Config.APISockPath, p.Node.StateDir, "enimasq.sock"),
+			ShellSocket: SocketPath(p.Shell.ShellSockPath, p.Node.StateDir, "shell.sock"),
+		})
+	})
 	for _, h := range p.Handlers {
 		mux.Handle(h.Pattern, h.Handler)
 	}

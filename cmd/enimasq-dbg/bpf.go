@@ -18,7 +18,7 @@ import (
 // shows what the kernel holds, not what the agent wants.
 func bpfCommand(o *options) *cobra.Command {
 	cmd := &cobra.Command{Use: "bpf", Short: "Read the BPF maps pinned by the agent"}
-	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "/sys/fs/bpf", "bpffs mount the agent pins its maps under")
+	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
 
 	ipmasq := &cobra.Command{Use: "ipmasq", Short: "The masquerade exemption maps (cilium_ipmasq_v4, cilium_ipmasq_v6)"}
 	ipmasq.AddCommand(
@@ -27,7 +27,7 @@ func bpfCommand(o *options) *cobra.Command {
 			Short: "List the non-masquerade prefixes in the kernel maps",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				maps, err := openIPMasqMaps(o.bpfRoot)
+				maps, err := openIPMasqMaps(bpfRootOf(o))
 				if err != nil {
 					return err
 				}
@@ -51,7 +51,7 @@ func bpfCommand(o *options) *cobra.Command {
 			Short: "Run the masquerade decision program on the kernel maps: SNAT or NO_SNAT per destination",
 			Args:  cobra.MinimumNArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				maps, err := openIPMasqMaps(o.bpfRoot)
+				maps, err := openIPMasqMaps(bpfRootOf(o))
 				if err != nil {
 					return err
 				}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -65,19 +67,31 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 	return policy
 }
 
-// bpfRootOf is the --bpf-root in effect.
+const bpfRootUsage = "bpffs mount the agent pins its maps under (default: asked of the agent, else " + defaultBPFRoot + ")"
+
+// bpfRootOf is the bpffs root to read: --bpf-root when given, else the
+// agent's own (GET /v1/config), so that every command works against an
+// agent started with another --bpf-root; without an agent, /sys/fs/bpf.
 func bpfRootOf(o *options) string {
-	if o.bpfRoot == "" {
-		return defaultBPFRoot
+	if o.bpfRoot != "" {
+		return o.bpfRoot
 	}
-	return o.bpfRoot
+	if code, body, err := apiGet(o, "/v1/config"); err == nil && code == http.StatusOK {
+		var paths struct {
+			BPFRoot string `json:"bpfRoot"`
+		}
+		if json.Unmarshal(body, &paths) == nil && paths.BPFRoot != "" {
+			return paths.BPFRoot
+		}
+	}
+	return defaultBPFRoot
 }
 
 func policyCommand(o *options) *cobra.Command {
 	var pod, peer, direction, proto string
 	var port uint16
 	cmd := &cobra.Command{Use: "policy", Short: "Network policy on this node (reads the pinned maps; needs root)"}
-	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", defaultBPFRoot, "bpffs mount the agent pins its maps under")
+	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
 	verdict := &cobra.Command{
 		Use:   "verdict",
 		Short: "Run the policy verdict program on the pinned maps for a packet: ALLOW or DENY, and the entry that decided",

@@ -46,6 +46,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(
 		statedbCommand(o),
 		healthCommand(o),
+		statusCommand(o),
 		shellCommand(o),
 		bpfCommand(o),
 		ipamCommand(o),

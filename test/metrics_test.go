@@ -1,0 +1,97 @@
+package test
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// freeAddr is a loopback address nobody listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// The agent serves Prometheus metrics on --prometheus-serve-addr, in a text
+// format that Prometheus' own parser reads, and enimasq-dbg status sums them
+// up from the API socket.
+func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
+	a := NewAgent(t)
+	a.HostNetwork = true // to reach --prometheus-serve-addr on the test's loopback
+	addr := freeAddr(t)
+	config := filepath.Join(a.Dir, "config", "ip-masq-agent")
+	WriteFileAtomic(t, config, "nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")
+	a.Args = append(a.Args, "--enable-ip-masq-agent", "--enable-bpf-masquerade", "--ip-masq-agent-config-path", config,
+		"--ciliumnode-path", filepath.Join(a.Dir, "node", "ciliumnode.yaml"), "--prometheus-serve-addr", addr)
+	a.Start()
+	a.WaitHealthy()
+
+	scrape := func() map[string]float64 {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatalf("GET /metrics: %s", err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatalf("/metrics does not parse: %s\n%s", err, body)
+		}
+		out := map[string]float64{}
+		for name, f := range families {
+			for _, m := range f.GetMetric() {
+				key := name
+				for _, l := range m.GetLabel() {
+					key += "," + l.GetName() + "=" + l.GetValue()
+				}
+				switch {
+				case m.Gauge != nil:
+					out[key] = m.GetGauge().GetValue()
+				case m.Counter != nil:
+					out[key] = m.GetCounter().GetValue()
+				}
+			}
+		}
+		return out
+	}
+	const done = "enimasq_reconcile_rows,status=done,table=masq-map-entries"
+	a.WaitFor("3 masq entries Done in the metrics", func() bool { return scrape()[done] == 3 })
+	m := scrape()
+	for key, want := range map[string]float64{
+		"enimasq_reconcile_rows,status=error,table=masq-map-entries":                                             0,
+		"enimasq_bpf_map_entries,map=cilium_ipmasq_v4,table=masq-map-entries":                                    3,
+		"enimasq_bpf_map_pressure,map=cilium_ipmasq_v4,table=masq-map-entries":                                   3.0 / 16384,
+		"enimasq_bpf_map_ops_total,map=cilium_ipmasq_v4,operation=update,outcome=success,table=masq-map-entries": 3,
+		"enimasq_source_errors_total,source=ip-masq-agent":                                                       0,
+	} {
+		if got, ok := m[key]; !ok || got != want {
+			t.Errorf("%s = %g (present %t), want %g", key, got, ok, want)
+		}
+	}
+	if m["enimasq_source_last_success_timestamp_seconds,source=ip-masq-agent"] == 0 {
+		t.Errorf("no last good load time for the ip-masq-agent file")
+	}
+
+	out := a.MustDbg("status", "--verbose")
+	for _, want := range []string{`Agent:\s+OK`, `ipmasq\s+OK`, `masq-map-entries\s+3\s+0\s+0\n`,
+		`cilium_ipmasq_v4\s+3\s+0\.02%`, `ip-masq-agent\s+\d+s ago\s+0`, `Rows in error:\n  none`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("enimasq-dbg status does not match %q:\n%s", want, out)
+		}
+	}
+}
