@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -85,6 +86,19 @@ func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
 	}
 	if m["enimasq_source_last_success_timestamp_seconds,source=ip-masq-agent"] == 0 {
 		t.Errorf("no last good load time for the ip-masq-agent file")
+	}
+
+	// Every enimasq_ family served is documented in Documentation/metrics.md.
+	doc, err := os.ReadFile("../Documentation/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range m {
+		name, _, _ := strings.Cut(key, ",")
+		name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		if strings.HasPrefix(name, "enimasq_") && !strings.Contains(string(doc), "`"+name+"`") {
+			t.Errorf("%s is served but not in Documentation/metrics.md", name)
+		}
 	}
 
 	out := a.MustDbg("status", "--verbose")
