@@ -92,12 +92,19 @@ func (t teeMetrics) PruneDuration(id cell.FullModuleID, name string, d time.Dura
 	}
 }
 
-// metricsCommand is `metrics [regexp]`: the registry in text format, the
-// lines (samples, without HELP/TYPE) matching regexp.
+// metricsCommand is `metrics [-w] [regexp]`: the registry's samples (text
+// format, without HELP/TYPE) matching regexp. With -w it waits until one
+// does: metrics the reconcilers update after committing a status have no
+// watch channel, so it polls the registry (in memory) until the script's
+// deadline.
 func metricsCommand(r *Registry) hive.ScriptCmdOut {
 	return hive.NewScriptCmd("metrics", script.Command(
-		script.CmdUsage{Summary: "Print the Prometheus metrics (samples matching the optional regexp)", Args: "[regexp]"},
+		script.CmdUsage{Summary: "Print the Prometheus samples matching the optional regexp (-w: wait until one does)", Args: "[-w] [regexp]"},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			wait := len(args) > 0 && args[0] == "-w"
+			if wait {
+				args = args[1:]
+			}
 			var re *regexp.Regexp
 			if len(args) > 0 {
 				var err error
@@ -105,18 +112,31 @@ func metricsCommand(r *Registry) hive.ScriptCmdOut {
 					return nil, err
 				}
 			}
-			text, err := r.Text()
-			if err != nil {
-				return nil, err
+			if wait && re == nil {
+				return nil, script.ErrUsage
 			}
-			var b strings.Builder
-			for _, line := range strings.Split(text, "\n") {
-				if line == "" || strings.HasPrefix(line, "#") || (re != nil && !re.MatchString(line)) {
-					continue
+			for {
+				text, err := r.Text()
+				if err != nil {
+					return nil, err
 				}
-				b.WriteString(line + "\n")
+				var b strings.Builder
+				for _, line := range strings.Split(text, "\n") {
+					if line == "" || strings.HasPrefix(line, "#") || (re != nil && !re.MatchString(line)) {
+						continue
+					}
+					b.WriteString(line + "\n")
+				}
+				if !wait || b.Len() > 0 {
+					out := b.String()
+					return func(*script.State) (string, string, error) { return out, "", nil }, nil
+				}
+				select {
+				case <-s.Context().Done():
+					return nil, fmt.Errorf("no sample matches %q: %w", args[0], s.Context().Err())
+				case <-time.After(10 * time.Millisecond):
+				}
 			}
-			return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
 		}))
 }
 
