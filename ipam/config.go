@@ -66,9 +66,10 @@ type Settings struct {
 	// NativeRoutingCIDR and NativeRoutingCIDRv6 are
 	// --ipv4/ipv6-native-routing-cidr (invalid when unset).
 	NativeRoutingCIDR, NativeRoutingCIDRv6 netip.Prefix
-	// MasqueradeV4 and MasqueradeV6: masquerading is on for the family
-	// (--enable-bpf-masquerade and --enable-ipv4/6-masquerade). With it off,
-	// the egress rule is one rule for all destinations, as in Cilium.
+	// MasqueradeV4 and MasqueradeV6: the family is masqueraded
+	// (--enable-ipv4/6-masquerade, in BPF or by iptables), as cilium-cni
+	// decides. With it off, the egress rule is one rule for all
+	// destinations, as in Cilium.
 	MasqueradeV4, MasqueradeV6 bool
 	// EnableIPv4 and EnableIPv6 are the families the node runs.
 	EnableIPv4, EnableIPv6 bool
@@ -113,8 +114,10 @@ func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 		EgressMode:          c.ENIEgressRuleMode,
 		NativeRoutingCIDR:   node.IPAM.IPv4NativeRoutingCIDR,
 		NativeRoutingCIDRv6: node.IPAM.IPv6NativeRoutingCIDR,
-		MasqueradeV4:        node.Masquerade.V4(),
-		MasqueradeV6:        node.Masquerade.V6(),
+		// One rule per CIDR while the family is masqueraded, by BPF or by
+		// iptables: cilium-cni decides on --enable-ipv4/6-masquerade alone.
+		MasqueradeV4: node.Masquerade.IPv4,
+		MasqueradeV6: node.Masquerade.IPv6,
 		EnableIPv4:          node.EnableIPv4,
 		EnableIPv6:          node.EnableIPv6,
 		Allocator:           node.IPAM.Allocator,
@@ -126,10 +129,7 @@ func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 	case nodeconfig.AllocatorEnimasq:
 	case nodeconfig.AllocatorCilium:
 		// The rules must be the ones cilium-cni writes at ADD (and the agent
-		// at endpoint restore), or the two would undo each other: one rule
-		// per CIDR when the family is masqueraded, whatever does it (BPF or
-		// iptables), else one rule for all destinations.
-		s.MasqueradeV4, s.MasqueradeV6 = node.Masquerade.IPv4, node.Masquerade.IPv6
+		// at endpoint restore), or the two would undo each other.
 		if c.ENIEgressRuleMode != EgressModeCIDR {
 			return Settings{}, fmt.Errorf("--eni-egress-rule-mode %q: linked into Cilium, the pod rules are cilium-cni's shape (%q); "+
 				"Cilium would put its per-CIDR rules back at every endpoint restore", c.ENIEgressRuleMode, EgressModeCIDR)

@@ -90,7 +90,7 @@ func TestSampleAllocationResult(t *testing.T) {
 func TestSettingsLinkedIntoCilium(t *testing.T) {
 	node := nodeconfig.Config{
 		EnableIPv4: true,
-		Masquerade: nodeconfig.Masquerade{BPF: false, IPv4: true}, // iptables masquerading
+		Masquerade: nodeconfig.Masquerade{BPF: false, IPv4: true}, // iptables masquerading: still per CIDR
 		IPAM: nodeconfig.IPAM{Mode: IPAMModeENI, Allocator: nodeconfig.AllocatorCilium,
 			PodRules: nodeconfig.PodRules{IngressPriority: 20, EgressPriority: 111, TableOffset: 10, Protocol: 2}},
 	}

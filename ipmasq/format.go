@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -68,7 +69,7 @@ func Parse(path string, data []byte) (Desired, error) {
 	if len(data) > MaxFileSize {
 		return Desired{}, fmt.Errorf("%s: file is larger than %d bytes", path, MaxFileSize)
 	}
-	f, err := decode(data)
+	f, warnings, err := decode(data)
 	if err != nil {
 		return Desired{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -76,23 +77,45 @@ func Parse(path string, data []byte) (Desired, error) {
 	if err != nil {
 		return Desired{}, fmt.Errorf("%s: %w", path, err)
 	}
+	d.Warnings = append(warnings, d.Warnings...)
 	d.Summary = fmt.Sprintf("%s: %d CIDRs", path, len(d.CIDRs))
 	return d, nil
 }
 
 // decode reads YAML or JSON strictly: a duplicate key, an unknown field or a
-// value of the wrong type is an error naming the field and the value.
-func decode(data []byte) (File, error) {
+// value of the wrong type is an error naming the field and the value. Field
+// names match regardless of case, as Cilium's and kubernetes-sigs'
+// encoding/json decoding does (a file they accept stays valid), with a
+// warning naming the field's spelling; a field given twice is an error.
+func decode(data []byte) (File, []string, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return File{}, fmt.Errorf("not valid YAML or JSON: %w", err)
+		return File{}, nil, fmt.Errorf("not valid YAML or JSON: %w", err)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(js, &fields); err != nil {
-		return File{}, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), quoteValue(js))
+		return File{}, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), quoteValue(js))
 	}
-	var f File
-	for name, raw := range fields {
+	var (
+		f        File
+		warnings []string
+		seen     = map[string]string{}
+	)
+	for _, given := range slices.Sorted(maps.Keys(fields)) {
+		raw := fields[given]
+		name := given
+		for _, known := range fileFields {
+			if strings.EqualFold(given, known) {
+				name = known
+			}
+		}
+		if other, dup := seen[name]; dup {
+			return File{}, nil, fmt.Errorf("field %s is given twice (%q and %q)", name, other, given)
+		}
+		seen[name] = given
+		if name != given {
+			warnings = append(warnings, fmt.Sprintf("field %q is read as %s (field names are matched regardless of case, as Cilium does)", given, name))
+		}
 		var dst any
 		switch name {
 		case "nonMasqueradeCIDRs":
@@ -106,7 +129,7 @@ func decode(data []byte) (File, error) {
 		case "cidrLimit":
 			dst = &f.CIDRLimit
 		default:
-			return File{}, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
+			return File{}, nil, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
 		}
 		if err := json.Unmarshal(raw, dst); err != nil {
 			want := map[string]string{
@@ -117,10 +140,10 @@ func decode(data []byte) (File, error) {
 			if want == "" {
 				want = "a boolean"
 			}
-			return File{}, fmt.Errorf("field %s: value %s is not %s", name, quoteValue(raw), want)
+			return File{}, nil, fmt.Errorf("field %s: value %s is not %s", name, quoteValue(raw), want)
 		}
 	}
-	return f, nil
+	return f, warnings, nil
 }
 
 // quoteValue shows a JSON value in an error, shortened.

@@ -21,7 +21,7 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 		{"bool type", "masqLinkLocal: 3", []string{path, "masqLinkLocal", "3", "not a boolean"}},
 		{"list type", "nonMasqueradeCIDRs: {a: b}", []string{path, "nonMasqueradeCIDRs", `{"a":"b"}`}},
 		{"list item type", "nonMasqueradeCIDRs: [[10.0.0.0/8]]", []string{path, "nonMasqueradeCIDRs", "not a list of CIDR strings"}},
-		{"unknown field", "nonMasqueradeCIDRS: []", []string{path, `unknown field "nonMasqueradeCIDRS"`}},
+		{"unknown field", "nonMasqCIDRs: []", []string{path, `unknown field "nonMasqCIDRs"`}},
 		{"duplicate key", "masqLinkLocal: true\nmasqLinkLocal: false", []string{path, "not valid YAML", "masqLinkLocal"}},
 		{"bad YAML", "nonMasqueradeCIDRs: [", []string{path, "not valid YAML"}},
 		{"scalar", "42", []string{path, "want a mapping", "42"}},
@@ -54,6 +54,7 @@ func TestParseSigsFields(t *testing.T) {
 		{"nonMasqueradeCIDRs: []\ncidrLimit: -1\n", "field cidrLimit: value -1 is negative"},
 		{"cidrLimit: many\n", "field cidrLimit: value \"many\" is not a whole number"},
 		{"resyncInterval: soon\n", `field resyncInterval: value "soon" is not a duration`},
+		{"nonMasqueradeCIDRs: []\nNonMasqueradeCIDRs: [10.0.0.0/8]\n", `field nonMasqueradeCIDRs is given twice ("NonMasqueradeCIDRs" and "nonMasqueradeCIDRs")`},
 		{"resyncInterval: 1ms\n", `field resyncInterval: value "1ms" is below 1s`},
 	} {
 		if _, err := Parse("/etc/config/ip-masq-agent", []byte(tc.file)); err == nil ||
@@ -82,6 +83,7 @@ func TestParseSemantics(t *testing.T) {
 		{"no link-local", "{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: true, masqLinkLocalIPv6: true}", []string{"10.0.0.0/8 config"}, ""},
 		{"host bits", "nonMasqueradeCIDRs: [10.1.2.3/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, `"10.1.2.3/8" has host bits set: using 10.0.0.0/8`},
 		{"duplicate", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, "listed twice"},
+		{"field names regardless of case, as Cilium", "nonMasqueradeCIDRS: [10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, `field "nonMasqueradeCIDRS" is read as nonMasqueradeCIDRs`},
 		{"cidrLimit and resyncInterval of kubernetes-sigs", "nonMasqueradeCIDRs: [10.0.0.0/8]\ncidrLimit: 1\nresyncInterval: 60s\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true", []string{"10.0.0.0/8 config"}, ""},
 		{"listed link-local is config", "nonMasqueradeCIDRs: [fe80::/10]\nmasqLinkLocal: true", []string{"fe80::/10 config"}, ""},
 		{"sorted v4 then v6", "nonMasqueradeCIDRs: ['2001:db8::/32', 10.0.0.0/16, 10.0.0.0/8]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true",
