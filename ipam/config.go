@@ -118,10 +118,10 @@ func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 		// iptables: cilium-cni decides on --enable-ipv4/6-masquerade alone.
 		MasqueradeV4: node.Masquerade.IPv4,
 		MasqueradeV6: node.Masquerade.IPv6,
-		EnableIPv4:          node.EnableIPv4,
-		EnableIPv6:          node.EnableIPv6,
-		Allocator:           node.IPAM.Allocator,
-		PodRules:            node.IPAM.PodRules,
+		EnableIPv4:   node.EnableIPv4,
+		EnableIPv6:   node.EnableIPv6,
+		Allocator:    node.IPAM.Allocator,
+		PodRules:     node.IPAM.PodRules,
 	}
 	switch s.Allocator {
 	case "":
