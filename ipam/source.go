@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -23,21 +21,9 @@ import (
 // ReadCiliumNodeFile reads and parses the CiliumNode file. A missing file
 // gives an error wrapping fs.ErrNotExist.
 func ReadCiliumNodeFile(path string) (*CiliumNode, error) {
-	f, err := os.Open(path)
+	data, err := filewatch.ReadRegular(path, MaxCiliumNodeSize)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxCiliumNodeSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return ParseCiliumNode(path, data)
 }

@@ -4,12 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -25,24 +22,12 @@ import (
 // ReadFile reads and parses the config file at path. A missing file (or a
 // dangling ConfigMap symlink, or a missing directory) gives the defaults.
 func ReadFile(path string) (Desired, error) {
-	f, err := os.Open(path)
+	data, err := filewatch.ReadRegular(path, MaxFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return FromMissingFile(path), nil
 	}
 	if err != nil {
-		return Desired{}, fmt.Errorf("%s: %w", path, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Desired{}, fmt.Errorf("%s: %w", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return Desired{}, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
-	if err != nil {
-		return Desired{}, fmt.Errorf("%s: %w", path, err)
+		return Desired{}, err
 	}
 	return Parse(path, data)
 }

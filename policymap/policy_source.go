@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -157,14 +156,9 @@ func (s *policySource) listFiles() ([]string, string, error) {
 // content is unchanged.
 func (s *policySource) readFile(name string, last *policyFile) (*policyFile, error) {
 	path := filepath.Join(s.dir, name)
-	f, err := os.Open(path)
+	data, err := filewatch.ReadRegular(path, MaxPolicyEndpointFileSize)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxPolicyEndpointFileSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	digest := sha256.Sum256(data)
 	if last != nil && last.digest == digest {

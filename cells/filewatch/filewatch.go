@@ -10,12 +10,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
 )
 
 // debounce groups the burst of events of one update (a ConfigMap's symlink
@@ -120,4 +123,52 @@ func nearestExistingDir(dir string) string {
 		}
 		dir = parent
 	}
+}
+
+// ReadRegular reads the file at path, at most limit+1 bytes (so that the
+// caller's parser can say that it is too large), refusing anything but a
+// regular file. The file is opened
+// without blocking and its type checked on the open descriptor before it is
+// read: a FIFO, a device, a socket or a directory at the path never blocks
+// the watcher, and errors say what was there. A missing file gives an error
+// wrapping fs.ErrNotExist.
+func ReadRegular(path string, limit int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			// open(2) of a unix socket.
+			return nil, fmt.Errorf("%s: not a regular file (a socket): refused", path)
+		}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s): refused", path, describeType(fi.Mode()))
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, nil
+}
+
+func describeType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	}
+	return m.Type().String()
 }
