@@ -210,11 +210,45 @@ type ruleOps struct {
 
 func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
 	err := o.nl.RuleAdd(netlinkRule(r.RuleKey, r.Family(), o.settings.PodRules.Protocol))
-	if err == nil || errors.Is(err, unix.EEXIST) {
-		// EEXIST: the identical rule (same protocol) is in place.
+	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("ip rule add %q: %w", r.IPRule(), err)
+	if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("ip rule add %q: %w", r.IPRule(), err)
+	}
+	// EEXIST is not proof: the kernel compares only the selectors the new
+	// rule has, so "from <pod> lookup 11" exists for it as soon as any rule
+	// of that priority, source and table does, with a destination or not.
+	present, blocking, err := o.exact(r.RuleKey, r.Family())
+	switch {
+	case err != nil:
+		return err
+	case present:
+		return nil
+	}
+	// A rule of ours that no row desires (the pruning deletes it, then the
+	// retry adds this one), or another writer's.
+	return fmt.Errorf("ip rule add %q: the kernel takes %q for the same rule (a rule without a destination "+
+		"matches every rule of its priority, source and table): not added until that one is gone", r.IPRule(), blocking)
+}
+
+// exact says whether the kernel holds exactly the rule of k, with our
+// protocol; if not, blocking is a rule of the same priority, source and table.
+func (o *ruleOps) exact(k RuleKey, family int) (present bool, blocking string, err error) {
+	rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(family) })
+	if err != nil {
+		return false, "", fmt.Errorf("ip rule list: %w", err)
+	}
+	for i := range rules {
+		got, plain := ruleKeyOf(&rules[i])
+		switch {
+		case plain && got == k && int(rules[i].Protocol) == o.settings.PodRules.Protocol:
+			return true, "", nil
+		case got.Priority == k.Priority && got.From == k.From && got.Table == k.Table:
+			blocking = formatRule(got)
+		}
+	}
+	return false, blocking, nil
 }
 
 func (o *ruleOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
@@ -280,7 +314,10 @@ func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var (
+		errs  []error
+		loose []netlink.Rule // stale rules without a destination
+	)
 	for i := range rules {
 		r := &rules[i]
 		k, plain := ruleKeyOf(r)
@@ -290,11 +327,54 @@ func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[
 		if !o.settings.OwnsAllocations() && !pods[k.From.Addr()] {
 			continue
 		}
+		if !k.To.IsValid() {
+			loose = append(loose, *r)
+			continue
+		}
 		if err := o.nl.RuleDel(r); err != nil && !isGone(err) {
 			errs = append(errs, fmt.Errorf("prune %s proto %d: %w", r, r.Protocol, err))
 		}
 	}
+	// A delete without a destination removes the first rule of its
+	// priority, source and table, which may be a desired rule with a
+	// destination: delete, put back what went, and go on until the stale
+	// rule itself is gone (the one put back goes after it).
+	for i := range loose {
+		errs = append(errs, o.pruneLoose(&loose[i], desired))
+	}
 	return errors.Join(errs...)
+}
+
+// pruneLoose deletes the stale rule r, which has no destination, re-adding
+// the desired rules its deletes take instead.
+func (o *ruleOps) pruneLoose(r *netlink.Rule, desired map[RuleKey]bool) error {
+	stale, _ := ruleKeyOf(r)
+	for range 64 {
+		if err := o.nl.RuleDel(r); err != nil && !isGone(err) {
+			return fmt.Errorf("prune %s proto %d: %w", r, r.Protocol, err)
+		}
+		rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(r.Family) })
+		if err != nil {
+			return fmt.Errorf("ip rule list: %w", err)
+		}
+		present := map[RuleKey]bool{}
+		for i := range rules {
+			if k, plain := ruleKeyOf(&rules[i]); plain && int(rules[i].Protocol) == o.settings.PodRules.Protocol {
+				present[k] = true
+			}
+		}
+		for k := range desired {
+			if k.Priority == stale.Priority && k.From == stale.From && k.Table == stale.Table && !present[k] {
+				if err := o.nl.RuleAdd(netlinkRule(k, r.Family, o.settings.PodRules.Protocol)); err != nil && !errors.Is(err, unix.EEXIST) {
+					return fmt.Errorf("re-add %q: %w", formatRule(k), err)
+				}
+			}
+		}
+		if !present[stale] {
+			return nil
+		}
+	}
+	return fmt.Errorf("prune %s: still in the kernel after 64 deletes", formatRule(stale))
 }
 
 // routeOps reconciles eni-routes with the routes of the ENI tables.

@@ -582,3 +582,23 @@ func TestPrivilegedRestartWithoutCiliumNodeKeepsRules(t *testing.T) {
 		}
 	}
 }
+
+// The egress rule mode switched across restarts, cidr → all → cidr: after
+// each start the kernel holds exactly the desired rules and every row is
+// Done. The kernel finds "111: from <pod> lookup 11" already there when a
+// rule of the same priority, source and table with a destination is, and a
+// delete without a destination removes the first such rule: an EEXIST is
+// not proof that the rule is in place.
+func TestPrivilegedRuleModeSwitchAcrossRestarts(t *testing.T) {
+	n := newTestNetNS(t, false)
+	dir := newWorkDir(t)
+	a := threePodAgent(t, n, n.H, dir)
+	a.stop()
+
+	b := startAgent(t, n, n.H, dir, "--eni-egress-rule-mode=all")
+	b.waitKernel(kernelRules("", threePods...))
+	b.stop()
+
+	c := startAgent(t, n, n.H, dir)
+	c.waitKernel(kernelRules(sampleCIDRs, threePods...))
+}
