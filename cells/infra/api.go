@@ -145,20 +145,33 @@ func ListenUnix(path string) (net.Listener, error) {
 
 func registerAPIServer(p apiParams) {
 	path := SocketPath(p.Config.APISockPath, p.Node.StateDir, "enimasq.sock")
-	server := &http.Server{Handler: newAPIMux(p), ReadHeaderTimeout: 5 * time.Second}
+	serveHTTP(p.Lifecycle, p.Log, p.Health, "agent API", newAPIMux(p), func() (net.Listener, error) {
+		l, err := ListenUnix(path)
+		if err != nil {
+			return nil, fmt.Errorf("--api-sock-path %s: %w", path, err)
+		}
+		return l, nil
+	})
+}
+
+// serveHTTP serves handler from start to stop on the listener listen opens,
+// reporting it in health; a stop waits for the requests in flight (until
+// the stop deadline).
+func serveHTTP(lc cell.Lifecycle, log *slog.Logger, health cell.Health, what string, handler http.Handler, listen func() (net.Listener, error)) {
+	server := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
-	p.Lifecycle.Append(cell.Hook{
+	lc.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			l, err := ListenUnix(path)
+			l, err := listen()
 			if err != nil {
-				return fmt.Errorf("--api-sock-path %s: %w", path, err)
+				return err
 			}
-			p.Log.Info("Serving agent API", "socket", path)
-			p.Health.OK("Serving on " + path)
+			log.Info("Serving "+what, "address", l.Addr().String())
+			health.OK("Serving " + what + " on " + l.Addr().String())
 			go func() {
 				defer close(done)
 				if err := server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					p.Log.Error("Agent API stopped", "error", err)
+					log.Error(what+" stopped", "error", err)
 				}
 			}()
 			return nil

@@ -1,8 +1,6 @@
 package infra
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -174,32 +172,12 @@ func registerMetricsServer(p metricsServerParams) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", p.Registry.Handler())
-	server := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error {
-			l, err := net.Listen("tcp", addr)
-			if err != nil {
-				return fmt.Errorf("--prometheus-serve-addr %s: %w", addr, err)
-			}
-			p.Log.Info("Serving Prometheus metrics", "address", l.Addr().String())
-			p.Health.OK("Serving /metrics on " + l.Addr().String())
-			go func() {
-				defer close(done)
-				if err := server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					p.Log.Error("Prometheus metrics server stopped", "error", err)
-				}
-			}()
-			return nil
-		},
-		OnStop: func(ctx cell.HookContext) error {
-			err := server.Shutdown(ctx)
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = server.Close()
-			}
-			<-done
-			return err
-		},
+	serveHTTP(p.Lifecycle, p.Log, p.Health, "Prometheus metrics", mux, func() (net.Listener, error) {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("--prometheus-serve-addr %s: %w", addr, err)
+		}
+		return l, nil
 	})
 }
 
