@@ -215,6 +215,9 @@ type reconcilerParams struct {
 	Config    Config
 	Settings  Settings
 	Allocs    statedb.Table[*Allocation]
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Jobs      job.Group
 	Reconcile reconciler.Params
 	Rules     statedb.RWTable[*Rule]
 	Routes    statedb.RWTable[*Route]
@@ -237,6 +240,10 @@ func reconcilerOptions(cfg Config, name string) []reconciler.Option {
 func registerReconcilers(p reconcilerParams) error {
 	if p.Settings.Off != "" {
 		return nil
+	}
+	if p.Netlink.notifications {
+		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings, ns: p.Netlink.ns}
+		p.Jobs.Add(job.OneShot("repair-deleted-rules", repair.run))
 	}
 	if _, err := reconciler.Register(
 		p.Reconcile, p.Rules,

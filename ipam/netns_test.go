@@ -269,7 +269,7 @@ func testCells(n *testNetNS, nl ipam.Netlink) []cell.Cell {
 	return []cell.Cell{
 		ipmasq.Cell,
 		ipam.Cell,
-		cell.Provide(func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: nl} }),
+		cell.Provide(func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: nl, NS: &n.NS} }),
 		n.rawCommands(),
 	}
 }

@@ -47,12 +47,19 @@ var _ Netlink = (*netlink.Handle)(nil)
 // netlink.NewHandleAt on a fresh namespace. An agent does not provide it.
 type NetlinkTarget struct {
 	Handle Netlink
+	// NS is the namespace of Handle, for the kernel's notifications (nil:
+	// none are listened to, the refresh repairs).
+	NS *netns.NsHandle
 }
 
 // nlHandle is the handle the cell's operations and script commands use.
 type nlHandle struct {
 	Netlink
 	families []int
+	// notifications says whether rule notifications can be listened to,
+	// and in which namespace (ns nil: the process's).
+	notifications bool
+	ns            *netns.NsHandle
 }
 
 type netlinkParams struct {
@@ -75,7 +82,7 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		fams = append(fams, unix.AF_INET6)
 	}
 	if p.Target != nil {
-		return &nlHandle{Netlink: p.Target.Handle, families: fams}, nil
+		return &nlHandle{Netlink: p.Target.Handle, families: fams, notifications: p.Target.NS != nil, ns: p.Target.NS}, nil
 	}
 	ns, err := netns.GetFromPath("/proc/self/ns/net")
 	if err != nil {
@@ -87,7 +94,7 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
 	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { h.Close(); return nil }})
-	return &nlHandle{Netlink: h, families: fams}, nil
+	return &nlHandle{Netlink: h, families: fams, notifications: true}, nil
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {

@@ -602,3 +602,30 @@ func TestPrivilegedRuleModeSwitchAcrossRestarts(t *testing.T) {
 	c := startAgent(t, n, n.H, dir)
 	c.waitKernel(kernelRules(sampleCIDRs, threePods...))
 }
+
+// A rule of ours deleted by someone else comes back from the kernel's
+// notification, not at the refresh (5 minutes by default), and its row is
+// not Done while it is missing for long.
+func TestPrivilegedDeletedRuleComesBackFromKernelEvents(t *testing.T) {
+	n := newTestNetNS(t, false)
+	dir := newWorkDir(t)
+	a := threePodAgent(t, n, n.H, dir)
+
+	for _, args := range [][]string{
+		{"111", "10.130.100.134/32", "172.16.0.0/12", "11", "237"},
+		{"20", "all", "10.130.112.20/32", "254", "237"},
+	} {
+		r, err := rawRule(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.H.RuleDel(r); err != nil {
+			t.Fatalf("delete %v: %s", args, err)
+		}
+	}
+	start := time.Now()
+	a.waitKernel(kernelRules(sampleCIDRs, threePods...))
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("deleted rules came back after %s, want < 2s", took)
+	}
+}

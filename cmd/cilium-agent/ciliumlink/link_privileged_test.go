@@ -135,7 +135,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		cell.Provide(
 			func() *ipmasqmaps.IPMasqBPFMap { return &ipmasqmaps.IPMasqBPFMap{} },
 			func() *option.DaemonConfig { return dc },
-			func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: nl} },
+			func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: nl, NS: &ns} },
 		),
 		ciliumlink.Cell,
 		cell.Invoke(func(d *statedb.DB, e statedb.Table[*ipam.ENI], r statedb.Table[*ipam.Rule],
