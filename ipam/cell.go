@@ -243,6 +243,9 @@ func registerReconcilers(p reconcilerParams) error {
 	}
 	if p.Netlink.notifications {
 		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings, ns: p.Netlink.ns}
+		if p.Settings.OwnsAllocations() {
+			repair.routes = p.Routes
+		}
 		p.Jobs.Add(job.OneShot("repair-deleted-rules", repair.run))
 	}
 	if _, err := reconciler.Register(

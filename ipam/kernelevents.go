@@ -16,13 +16,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ruleRepair puts a rule of ours back as soon as someone else deletes it,
-// instead of at the next refresh: it listens to the kernel's rule
+// ruleRepair puts a rule or route of ours back as soon as someone else
+// deletes it, instead of at the next refresh: it listens to the kernel's
 // notifications in the agent's network namespace and, after a deletion,
-// marks Pending every Done row of eni-rules whose rule the kernel no longer
-// holds exactly; the reconciler adds it again. A row says Done only while
-// the kernel holds its rule. The periodic refresh stays as the safety net
-// (for a lost notification).
+// marks Pending every Done row of eni-rules (eni-routes) whose rule (route)
+// the kernel no longer holds exactly; the reconciler adds it again. A link
+// that goes away takes its routes with it (the kernel sends no route
+// notification for those): its rows become Error, naming the link, until a
+// link with the ENI's MAC appears, which makes them Pending. A row says Done
+// only while the kernel holds it. The periodic refresh stays as the safety
+// net (for a lost notification).
 //
 // With Cilium's IPAM, only the rules of pods Cilium still routes (their
 // ingress rule is there) are repaired: cilium-cni's DEL removes a pod's
@@ -32,6 +35,7 @@ type ruleRepair struct {
 	log      *slog.Logger
 	db       *statedb.DB
 	rules    statedb.RWTable[*Rule]
+	routes   statedb.RWTable[*Route] // nil: routes are not ours (Cilium's IPAM)
 	nl       *nlHandle
 	settings Settings
 	ns       *netns.NsHandle // nil: the process's namespace
@@ -43,9 +47,18 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	for _, fam := range r.nl.families {
 		if fam == unix.AF_INET {
 			groups = append(groups, unix.RTNLGRP_IPV4_RULE)
+			if r.routes != nil {
+				groups = append(groups, unix.RTNLGRP_IPV4_ROUTE)
+			}
 		} else {
 			groups = append(groups, unix.RTNLGRP_IPV6_RULE)
+			if r.routes != nil {
+				groups = append(groups, unix.RTNLGRP_IPV6_ROUTE)
+			}
 		}
+	}
+	if r.routes != nil {
+		groups = append(groups, unix.RTNLGRP_LINK)
 	}
 	var (
 		sock *nl.NetlinkSocket
@@ -68,7 +81,8 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		return fmt.Errorf("rule notifications: %w", err)
 	}
 
-	deleted := make(chan struct{}, 1)
+	deleted := make(chan struct{}, 1)       // a rule went
+	routesChanged := make(chan struct{}, 1) // a route went, a link came or went
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
@@ -81,14 +95,18 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 				if errors.Is(err, unix.ENOBUFS) {
 					// Notifications were lost: check everything.
 					notify(deleted)
+					notify(routesChanged)
 					continue
 				}
 				r.log.Warn("Rule notifications stopped; deleted rules come back at the refresh", "error", err)
 				return
 			}
 			for _, m := range msgs {
-				if m.Header.Type == unix.RTM_DELRULE {
+				switch m.Header.Type {
+				case unix.RTM_DELRULE:
 					notify(deleted)
+				case unix.RTM_DELROUTE, unix.RTM_NEWLINK, unix.RTM_DELLINK:
+					notify(routesChanged)
 				}
 			}
 		}
@@ -98,7 +116,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		sock.Close()
 	}()
 
-	health.OK("Watching rule deletions")
+	health.OK("Watching rule, route and link changes")
 	for {
 		select {
 		case <-ctx.Done():
@@ -110,10 +128,61 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 				if n > 0 {
 					r.log.Info("Rules deleted by someone else: putting them back", "rules", n)
 				}
-				health.OK("Watching rule deletions")
+				health.OK("Watching rule, route and link changes")
+			}
+		case <-routesChanged:
+			if err := r.repairRoutes(); err != nil {
+				health.Degraded("checking the routes after a change", err)
+			} else {
+				health.OK("Watching rule, route and link changes")
 			}
 		}
 	}
+}
+
+// repairRoutes marks Pending the rows whose route is missing while their
+// ENI's link is there, and Error (naming the link) the rows whose link is
+// gone.
+func (r *ruleRepair) repairRoutes() error {
+	if r.routes == nil {
+		return nil
+	}
+	links, err := listAll(r.nl.LinkList)
+	if err != nil {
+		return fmt.Errorf("ip link list: %w", err)
+	}
+	macs := map[string]bool{}
+	for _, l := range links {
+		macs[l.Attrs().HardwareAddr.String()] = true
+	}
+	kernel, err := ListRoutes(r.nl, r.nl.families)
+	if err != nil {
+		return err
+	}
+	present := map[RouteKey]bool{}
+	for i := range kernel {
+		present[routeKeyOf(&kernel[i])] = true
+	}
+	wtxn := r.db.WriteTxn(r.routes)
+	defer wtxn.Abort()
+	var changed []*Route
+	for row := range r.routes.All(wtxn) {
+		switch kind := row.Status.Kind; {
+		case !macs[row.MAC] && kind != reconciler.StatusKindError:
+			changed = append(changed, row.Clone().SetStatus(reconciler.StatusError(
+				fmt.Errorf("ENI %s: no link with MAC %s (the link went away and took the route)", row.ENI, row.MAC))))
+		case macs[row.MAC] && !present[row.RouteKey] && !row.Status.IsPendingOrRefreshing():
+			changed = append(changed, row.Clone().SetStatus(reconciler.StatusPending()))
+		}
+	}
+	for _, row := range changed {
+		r.routes.Insert(wtxn, row)
+	}
+	wtxn.Commit()
+	if len(changed) > 0 {
+		r.log.Info("ENI links or routes changed behind enimasq's back", "routes-updated", len(changed))
+	}
+	return nil
 }
 
 // notify signals ch without blocking: one pending signal covers a burst.

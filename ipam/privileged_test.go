@@ -629,3 +629,59 @@ func TestPrivilegedDeletedRuleComesBackFromKernelEvents(t *testing.T) {
 		t.Errorf("deleted rules came back after %s, want < 2s", took)
 	}
 }
+
+// An ENI's link deleted (the kernel drops its table's routes, with no route
+// notification) and added back with the same MAC: while it is gone its
+// eni-routes rows are not Done, and its routes are back within 2 s of its
+// return, with the default refresh (5 minutes).
+func TestPrivilegedENILinkGoneAndBack(t *testing.T) {
+	n := newTestNetNS(t, false)
+	dir := newWorkDir(t)
+	a := threePodAgent(t, n, n.H, dir)
+	table11 := func() int {
+		routes, err := ipam.ListRoutes(n.H, []int{unix.AF_INET})
+		if err != nil {
+			t.Fatal(err)
+		}
+		count := 0
+		for _, r := range routes {
+			if r.Table == 11 {
+				count++
+			}
+		}
+		return count
+	}
+	if got := table11(); got != 2 {
+		t.Fatalf("table 11 has %d routes of ours, want 2", got)
+	}
+
+	link, err := n.H.LinkByName("eni1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.H.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor("eni-1's routes not Done", func() (bool, string) {
+		var states []string
+		for r := range a.routes.All(a.db.ReadTxn()) {
+			if r.Table == 11 {
+				if r.Status.Kind == reconciler.StatusKindDone {
+					return false, fmt.Sprintf("route %v still Done", r.RouteKey)
+				}
+				states = append(states, r.Status.GetError())
+			}
+		}
+		return len(states) == 2 && strings.Contains(states[0], "no link with MAC 0a:58:0a:82:64:0a"), strings.Join(states, "\n")
+	})
+
+	if err := n.AddLink("eni1", "0a:58:0a:82:64:0a"); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	a.waitKernel(kernelRules(sampleCIDRs, threePods...))
+	a.waitFor("table 11's routes back", func() (bool, string) { return table11() == 2, fmt.Sprint(table11()) })
+	if took := time.Since(back); took > 2*time.Second {
+		t.Errorf("routes back %s after the link, want < 2s", took)
+	}
+}
