@@ -1,12 +1,14 @@
 package policymap
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
@@ -69,6 +71,7 @@ type masqParams struct {
 
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
+	Jobs      job.Group
 	Node      nodeconfig.Config
 	Config    Config
 	Derive    statedb.DeriveParams[*ipmasq.CIDR, *MasqEntry]
@@ -109,6 +112,10 @@ func registerMasq(p masqParams) error {
 			return nil
 		},
 	})
+
+	// The pins are the maps the reconciler writes (ops.go: checkPins).
+	p.Jobs.Add(job.Timer("check-masq-map-pins", func(context.Context) error { return p.Ops.checkPins(p.Log) },
+		p.Config.BPFMapRefreshInterval))
 
 	statedb.Derive("derive-masq-map-entries",
 		func(c *ipmasq.CIDR, deleted bool) (*MasqEntry, statedb.DeriveResult) {

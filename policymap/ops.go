@@ -6,6 +6,10 @@ import (
 	"maps"
 	"sync"
 
+	"errors"
+	"os"
+	"path/filepath"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -27,6 +31,7 @@ type mapOps[E bpf.Entry] struct {
 	metrics *metrics.MapOps
 	mu      sync.Mutex
 	maps    map[string]*ebpf.Map // the maps the cell opened, by name; under mu
+	pins    map[string]string    // their pin paths, by name; under mu
 }
 
 func newMapOps[E bpf.Entry](cfg Config, table string) *mapOps[E] {
@@ -34,13 +39,65 @@ func newMapOps[E bpf.Entry](cfg Config, table string) *mapOps[E] {
 	faults := bpf.NewFaultInjector[E](inner)
 	faults.SetProbability(cfg.BPFMapFaultProbability)
 	m := metrics.NewMapOps(table)
-	return &mapOps[E]{inner: inner, faults: faults, ops: bpf.NewObservedOps[E](faults, m.Observe), metrics: m, maps: map[string]*ebpf.Map{}}
+	return &mapOps[E]{inner: inner, faults: faults, ops: bpf.NewObservedOps[E](faults, m.Observe), metrics: m,
+		maps: map[string]*ebpf.Map{}, pins: map[string]string{}}
 }
 
 func newMasqMapOps(cfg Config) *mapOps[*MasqEntry] { return newMapOps[*MasqEntry](cfg, MasqTableName) }
 
 func newPolicyMapOps(cfg Config) *mapOps[*PolicyMapEntry] {
 	return newMapOps[*PolicyMapEntry](cfg, PolicyMapEntriesTableName)
+}
+
+// checkPins makes sure that the pin of every open map is the very map the
+// reconciler writes (same map ID). A missing pin (deleted, or a bpffs
+// remounted empty) is pinned again; a pin holding another map (a foreign or
+// incompatible one) is replaced by ours, with a warning naming what was
+// there. Our map keeps its entries either way, so the pinned map is whole at
+// once. A loaded program that held the replaced map keeps it: it sees our
+// map when it is loaded again (Cilium reloads its datapath at start and
+// replaces a map of another spec the same way). An error (no bpffs at the
+// path) is returned, for health, and checked again at the next interval.
+func (o *mapOps[E]) checkPins(log *slog.Logger) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var errs []error
+	for name, m := range o.maps {
+		path := o.pins[name]
+		pinned, err := ebpf.LoadPinnedMap(path, nil)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			log.Warn("Pin of a BPF map missing: pinning it again", "map", name, "path", path)
+		case err != nil:
+			log.Warn("Pin of a BPF map unreadable: replacing it", "map", name, "path", path, "error", err)
+		default:
+			ours, _ := m.Info()
+			theirs, _ := pinned.Info()
+			ourID, _ := ours.ID()
+			theirID, _ := theirs.ID()
+			pinned.Close()
+			if ourID == theirID {
+				continue
+			}
+			log.Warn("Another map is pinned in place of ours: replacing it", "map", name, "path", path,
+				"pinned", fmt.Sprintf("id=%d type=%s key=%d value=%d max=%d", theirID, theirs.Type, theirs.KeySize, theirs.ValueSize, theirs.MaxEntries),
+				"ours", fmt.Sprintf("id=%d", ourID))
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			errs = append(errs, fmt.Errorf("pin %s at %s: %w", name, path, err))
+			continue
+		}
+		// Unpin removes whatever is at the path (the file of another map
+		// included), then our map is pinned there.
+		if err := m.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", path, err))
+			continue
+		}
+		if err := m.Pin(path); err != nil {
+			errs = append(errs, fmt.Errorf("pin %s at %s (is a bpffs mounted at the bpf root?): %w", name, path, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // maxEntries are the open maps and their sizes, for the pressure metric.
@@ -77,6 +134,7 @@ func (o *mapOps[E]) open(log *slog.Logger, spec *ebpf.MapSpec, dir string) error
 	}
 	o.mu.Lock()
 	o.maps[spec.Name] = m
+	o.pins[spec.Name] = filepath.Join(dir, spec.Name)
 	o.mu.Unlock()
 	o.inner.SetMap(spec.Name, m)
 	return nil

@@ -1,6 +1,7 @@
 package policymap
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/cilium/hive/cell"
@@ -163,6 +164,9 @@ func registerPolicyMaps(p policyMapParams) error {
 		initDone:  initDone,
 	}
 	p.Jobs.Add(job.OneShot("derive-policy-map-entries", d.run))
+	// The pins are the maps the reconciler writes (ops.go: checkPins).
+	p.Jobs.Add(job.Timer("check-policy-map-pins", func(context.Context) error { return p.Ops.checkPins(p.Log) },
+		p.Config.BPFMapRefreshInterval))
 
 	rec, err := reconciler.Register(
 		p.Reconcile,

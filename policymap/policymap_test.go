@@ -1,9 +1,13 @@
 package policymap_test
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive"
@@ -49,8 +53,67 @@ var behindTheBackCommands = cell.Provide(func(node nodeconfig.Config) hive.Scrip
 				return nil, m.Put(key, bpf.IPMasqValue())
 			})
 	}
+	path := func(name string) string { return filepath.Join(node.GlobalsDir(), name) }
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"raw/delete": rawOp(true),
 		"raw/put":    rawOp(false),
+		"raw/unpin": script.Command(
+			script.CmdUsage{Summary: "Remove a map's pin behind the agent's back", Args: "map"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				return nil, os.Remove(path(args[0]))
+			}),
+		"raw/pin-foreign": script.Command(
+			script.CmdUsage{Summary: "Pin an LPM map with 12-byte keys in place of a map", Args: "map"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				os.Remove(path(args[0]))
+				m, err := ebpf.NewMap(bpf.LPMSpec("foreign", 12, 1, 16))
+				if err != nil {
+					return nil, err
+				}
+				defer m.Close()
+				return nil, m.Pin(path(args[0]))
+			}),
+		"raw/wait-pinned": script.Command(
+			script.CmdUsage{Summary: "Wait until the pinned map (read by its path) holds exactly these prefixes", Args: "map prefix..."},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) < 1 {
+					return nil, script.ErrUsage
+				}
+				want := strings.Join(args[1:], " ")
+				got := ""
+				for {
+					if m, err := ebpf.LoadPinnedMap(path(args[0]), nil); err == nil {
+						fam := bpf.IPv4
+						if strings.HasSuffix(args[0], "_v6") {
+							fam = bpf.IPv6
+						}
+						prefixes, err := policymap.ListPrefixes(m, fam)
+						m.Close()
+						if err == nil {
+							var ps []string
+							for _, p := range prefixes {
+								ps = append(ps, p.String())
+							}
+							if got = strings.Join(ps, " "); got == want {
+								return nil, nil
+							}
+						}
+					} else {
+						got = err.Error()
+					}
+					// The kernel has no notification for a pin: poll it.
+					select {
+					case <-s.Context().Done():
+						return nil, fmt.Errorf("pinned %s is %q, want %q", args[0], got, want)
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+			}),
 	})
 })
