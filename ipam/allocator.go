@@ -69,6 +69,9 @@ type Allocator struct {
 	retry          time.Duration
 	restoreDone    func(statedb.WriteTxn)
 	metrics        *ipamMetrics
+	// checkpointHealth is Degraded from a failed checkpoint write until one
+	// succeeds (nil in tests that build an Allocator by hand).
+	checkpointHealth cell.Health
 }
 
 func validateOwner(owner string) error {
@@ -256,7 +259,13 @@ func (a *Allocator) writeCheckpoint(txn statedb.ReadTxn) error {
 	}
 	if err := WriteCheckpoint(a.checkpoint, entries); err != nil {
 		a.log.Error("Cannot write the allocations checkpoint: change refused", "error", err)
+		if a.checkpointHealth != nil {
+			a.checkpointHealth.Degraded("cannot write the allocations checkpoint: allocations and releases are refused", err)
+		}
 		return err
+	}
+	if a.checkpointHealth != nil {
+		a.checkpointHealth.OK("written: " + a.checkpoint)
 	}
 	return nil
 }

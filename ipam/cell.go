@@ -72,6 +72,7 @@ type allocatorParams struct {
 	Routes   statedb.Table[*Route]
 	Jobs     job.Group
 	Metrics  *ipamMetrics
+	Health   cell.Health
 	Client   *k8sclient.Client `optional:"true"`
 }
 
@@ -100,6 +101,9 @@ func newAllocator(p allocatorParams) *Allocator {
 		retry:          p.Config.CiliumNodeResync,
 		restoreDone:    restoreDone,
 		metrics:        p.Metrics,
+	}
+	if p.Settings.OwnsAllocations() && p.Settings.Off == "" {
+		a.checkpointHealth = p.Health.NewScope("checkpoint")
 	}
 	if p.Client != nil && p.Client.IsEnabled() {
 		a.ciliumNodePath = "the API server (ciliumnodes/" + p.Client.NodeName() + ")"

@@ -2,10 +2,12 @@ package policymap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -94,7 +96,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		wtxn.Commit()
 		if len(affected) > 0 {
 			d.log.Debug("Compiled policy map entries", "pods", len(affected), "entries-written", written)
-			health.OK(fmt.Sprintf("%d pod IPs recompiled, %d entries written", len(affected), written))
+			d.report(health, fmt.Sprintf("%d pod IPs recompiled, %d entries written", len(affected), written))
 		}
 
 		select {
@@ -104,6 +106,27 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			return nil
 		}
 	}
+}
+
+// report sets health: Degraded, naming a few, while entries cannot be
+// encoded (they deny: fail closed), OK otherwise.
+func (d *policyDeriver) report(health cell.Health, ok string) {
+	var bad []string
+	n := 0
+	for e := range d.entries.All(d.db.ReadTxn()) {
+		if e.Error == "" {
+			continue
+		}
+		if n++; len(bad) < 3 {
+			bad = append(bad, fmt.Sprintf("%s %s %s: %s", e.Map, e.Pod, e.Peer, e.Error))
+		}
+	}
+	if n > 0 {
+		health.Degraded(fmt.Sprintf("%d policy map entries cannot be encoded and deny (fail closed)", n),
+			errors.New(strings.Join(bad, "; ")))
+		return
+	}
+	health.OK(ok)
 }
 
 // syncPod recompiles one pod IP and writes the difference. It returns the
