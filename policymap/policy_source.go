@@ -125,8 +125,8 @@ func (s *policySource) report(health cell.Health, err error, summary string) {
 	health.OK(summary)
 }
 
-// listFiles returns the names of the regular files in the directory,
-// sorted, skipping hidden names (a ConfigMap mount's ..data and its
+// listFiles returns the names of the files in the directory, sorted,
+// skipping hidden names (a ConfigMap mount's ..data and its
 // timestamped directories; the files are symlinks into them). A missing
 // directory has no files; the summary then says so.
 func (s *policySource) listFiles() ([]string, string, error) {
@@ -143,8 +143,10 @@ func (s *policySource) listFiles() ([]string, string, error) {
 		if strings.HasPrefix(name, ".") {
 			continue
 		}
-		fi, err := os.Stat(filepath.Join(s.dir, name)) // follows symlinks
-		if err != nil || !fi.Mode().IsRegular() {
+		// A dangling symlink (a ConfigMap swap in progress) is skipped; any
+		// other entry is read, so that a FIFO, a device, a socket or a
+		// directory is refused with what it is (filewatch.ReadRegular).
+		if _, err := os.Stat(filepath.Join(s.dir, name)); err != nil { // follows symlinks
 			continue
 		}
 		names = append(names, name)
