@@ -222,6 +222,7 @@ type reconcilerParams struct {
 	Log       *slog.Logger
 	DB        *statedb.DB
 	Jobs      job.Group
+	Lifecycle cell.Lifecycle
 	Reconcile reconciler.Params
 	Rules     statedb.RWTable[*Rule]
 	Routes    statedb.RWTable[*Route]
@@ -246,10 +247,12 @@ func registerReconcilers(p reconcilerParams) error {
 		return nil
 	}
 	if p.Netlink.notifications {
-		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings, ns: p.Netlink.ns}
+		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings, ns: p.Netlink.ns,
+			subscribed: make(chan struct{})}
 		if p.Settings.OwnsAllocations() {
 			repair.routes = p.Routes
 		}
+		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error { repair.subscribe(); return nil }})
 		p.Jobs.Add(job.OneShot("repair-deleted-rules", repair.run))
 	}
 	if _, err := reconciler.Register(

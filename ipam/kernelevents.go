@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -22,8 +23,9 @@ import (
 // marks Pending every Done row of eni-rules (eni-routes) whose rule (route)
 // the kernel no longer holds exactly; the reconciler adds it again. A link
 // that goes away takes its routes with it (the kernel sends no route
-// notification for those): its rows become Error, naming the link, until a
-// link with the ENI's MAC appears, which makes them Pending. A row says Done
+// notification for those): its rows go Pending, so the reconciler tries
+// them and says why they fail (no link with the MAC) until a link with the
+// ENI's MAC appears, which makes them Pending again at once. A row says Done
 // only while the kernel holds it. The periodic refresh stays as the safety
 // net (for a lost notification).
 //
@@ -39,10 +41,17 @@ type ruleRepair struct {
 	nl       *nlHandle
 	settings Settings
 	ns       *netns.NsHandle // nil: the process's namespace
+
+	// subscribed is closed by subscribe; then sock is set, or subErr.
+	subscribed chan struct{}
+	sock       *nl.NetlinkSocket
+	subErr     error
 }
 
-// run subscribes to rule notifications until ctx ends.
-func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
+// subscribe subscribes to the notifications, from a start hook: once the
+// agent has started, no deletion goes unseen.
+func (r *ruleRepair) subscribe() {
+	defer close(r.subscribed)
 	groups := []uint{}
 	for _, fam := range r.nl.families {
 		if fam == unix.AF_INET {
@@ -69,17 +78,34 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	} else {
 		sock, err = nl.Subscribe(unix.NETLINK_ROUTE, groups...)
 	}
+	if err == nil {
+		// A receive timeout lets the reader see the end of its context.
+		if err = sock.SetReceiveTimeout(&unix.Timeval{Usec: 100_000}); err != nil {
+			sock.Close()
+		}
+	}
 	if err != nil {
+		r.subErr = err
+		return
+	}
+	r.sock = sock
+}
+
+// run reads the notifications until ctx ends.
+func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
+	// The job may start before the start hook that subscribes has run.
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-r.subscribed:
+	}
+	if r.sock == nil {
 		// Not fatal: the refresh repairs, later.
-		health.Degraded("no rule notifications: deleted rules come back at the refresh only", err)
+		health.Degraded("no kernel notifications: deleted rules and routes come back at the refresh only", r.subErr)
 		<-ctx.Done()
 		return nil
 	}
-	// A receive timeout lets the reader see the end of ctx.
-	if err := sock.SetReceiveTimeout(&unix.Timeval{Usec: 100_000}); err != nil {
-		sock.Close()
-		return fmt.Errorf("rule notifications: %w", err)
-	}
+	sock := r.sock
 
 	deleted := make(chan struct{}, 1)       // a rule went
 	routesChanged := make(chan struct{}, 1) // a route went, a link came or went
@@ -121,6 +147,10 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-readerDone:
+			err := errors.New("the notification socket failed")
+			health.Degraded("no kernel notifications any more: deleted rules and routes come back at the refresh only", err)
+			return err
 		case <-deleted:
 			if n, err := r.repair(); err != nil {
 				health.Degraded("checking the rules after a deletion", err)
@@ -167,11 +197,18 @@ func (r *ruleRepair) repairRoutes() error {
 	defer wtxn.Abort()
 	var changed []*Route
 	for row := range r.routes.All(wtxn) {
+		var retry bool
 		switch kind := row.Status.Kind; {
-		case !macs[row.MAC] && kind != reconciler.StatusKindError:
-			changed = append(changed, row.Clone().SetStatus(reconciler.StatusError(
-				fmt.Errorf("ENI %s: no link with MAC %s (the link went away and took the route)", row.ENI, row.MAC))))
-		case macs[row.MAC] && !present[row.RouteKey] && !row.Status.IsPendingOrRefreshing():
+		case kind == reconciler.StatusKindDone:
+			// Done, but the link went (taking the route) or the route did:
+			// the reconciler tries again, and says why it fails.
+			retry = !macs[row.MAC] || !present[row.RouteKey]
+		case kind == reconciler.StatusKindError:
+			// Failing for want of its link, which is back: now, not at the
+			// end of the backoff. Other errors keep their backoff.
+			retry = macs[row.MAC] && strings.Contains(row.Status.GetError(), "no link with MAC "+row.MAC)
+		}
+		if retry {
 			changed = append(changed, row.Clone().SetStatus(reconciler.StatusPending()))
 		}
 	}

@@ -355,10 +355,23 @@ func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[
 // pruneLoose deletes the stale rule r, which has no destination, re-adding
 // the desired rules its deletes take instead.
 func (o *ruleOps) pruneLoose(r *netlink.Rule, desired map[RuleKey]bool) error {
-	stale, _ := ruleKeyOf(r)
-	for range 64 {
+	stale, plain := ruleKeyOf(r)
+	siblings := 0
+	for k := range desired {
+		if k.Priority == stale.Priority && k.From == stale.From && k.Table == stale.Table {
+			siblings++
+		}
+	}
+	// Each delete takes the first rule of the group; a sibling put back goes
+	// after the stale rule, so siblings+1 deletes reach it.
+	for range siblings + 2 {
 		if err := o.nl.RuleDel(r); err != nil && !isGone(err) {
 			return fmt.Errorf("prune %s proto %d: %w", r, r.Protocol, err)
+		}
+		if !plain {
+			// A rule with another selector (a mark, an interface) is
+			// matched by its delete exactly.
+			return nil
 		}
 		rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(r.Family) })
 		if err != nil {
@@ -381,7 +394,7 @@ func (o *ruleOps) pruneLoose(r *netlink.Rule, desired map[RuleKey]bool) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("prune %s: still in the kernel after 64 deletes", formatRule(stale))
+	return fmt.Errorf("prune %s: still in the kernel after %d deletes", formatRule(stale), siblings+2)
 }
 
 // routeOps reconciles eni-routes with the routes of the ENI tables.

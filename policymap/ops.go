@@ -71,11 +71,15 @@ func (o *mapOps[E]) checkPins(log *slog.Logger) error {
 		case err != nil:
 			log.Warn("Pin of a BPF map unreadable: replacing it", "map", name, "path", path, "error", err)
 		default:
-			ours, _ := m.Info()
-			theirs, _ := pinned.Info()
+			ours, err1 := m.Info()
+			theirs, err2 := pinned.Info()
+			pinned.Close()
+			if err := errors.Join(err1, err2); err != nil {
+				errs = append(errs, fmt.Errorf("check pin %s: %w", path, err))
+				continue
+			}
 			ourID, _ := ours.ID()
 			theirID, _ := theirs.ID()
-			pinned.Close()
 			if ourID == theirID {
 				continue
 			}
@@ -87,8 +91,13 @@ func (o *mapOps[E]) checkPins(log *slog.Logger) error {
 			errs = append(errs, fmt.Errorf("pin %s at %s: %w", name, path, err))
 			continue
 		}
-		// Unpin removes whatever is at the path (the file of another map
-		// included), then our map is pinned there.
+		// Remove whatever is at the path (another map's pin included), and
+		// forget our own pin path (Pin to the same path is a no-op), then
+		// pin our map there.
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove the pin at %s: %w", path, err))
+			continue
+		}
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", path, err))
 			continue

@@ -143,10 +143,11 @@ func (s *policySource) listFiles() ([]string, string, error) {
 		if strings.HasPrefix(name, ".") {
 			continue
 		}
-		// A dangling symlink (a ConfigMap swap in progress) is skipped; any
-		// other entry is read, so that a FIFO, a device, a socket or a
-		// directory is refused with what it is (filewatch.ReadRegular).
-		if _, err := os.Stat(filepath.Join(s.dir, name)); err != nil { // follows symlinks
+		// A dangling symlink (a ConfigMap swap in progress) and a directory
+		// (lost+found on a volume's root) are skipped; any other entry is
+		// read, so that a FIFO, a device or a socket is refused with what it
+		// is (filewatch.ReadRegular).
+		if fi, err := os.Stat(filepath.Join(s.dir, name)); err != nil || fi.IsDir() { // follows symlinks
 			continue
 		}
 		names = append(names, name)

@@ -133,12 +133,15 @@ func nearestExistingDir(dir string) string {
 // the watcher, and errors say what was there. A missing file gives an error
 // wrapping fs.ErrNotExist.
 func ReadRegular(path string, limit int64) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	// The type is checked before opening (opening a device runs its
+	// driver), and again on the descriptor (the path may change between).
+	if fi, err := os.Stat(path); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s): refused", path, describeType(fi.Mode()))
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			// open(2) of a unix socket.
-			return nil, fmt.Errorf("%s: not a regular file (a socket): refused", path)
-		}
 		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
 	f := os.NewFile(uintptr(fd), path)
