@@ -39,20 +39,13 @@ type Registry struct {
 	*prometheus.Registry
 }
 
-type registryParams struct {
-	cell.In
-
-	Reconciler *metrics.Reconciler
-	Collectors []prometheus.Collector `group:"enimasq-metrics"`
-}
-
-func newRegistry(p registryParams) (*Registry, error) {
+func newRegistry(rec *metrics.Reconciler, group metrics.In) (*Registry, error) {
 	reg := prometheus.NewRegistry()
 	if err := metrics.Register(reg, append([]prometheus.Collector{
-		p.Reconciler,
+		rec,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	}, p.Collectors...)); err != nil {
+	}, group.Collectors...)); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	return &Registry{reg}, nil

@@ -50,22 +50,25 @@ type Client struct {
 
 // ListerWatcherFunc lists and watches resource gvr in namespace, with tweak
 // applied to every list and watch (see Client.ListerWatcher). The objects
-// are *unstructured.Unstructured.
+// are *unstructured.Unstructured. It returns nil for a resource it leaves to
+// the dynamic client.
 type ListerWatcherFunc func(gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher
 
 // NewEmbedded is the Client of an agent that enimasq is linked into and that
 // has its own connection to the API server (Cilium's clientset): the
-// API-backed sources list and watch through lw, and no second connection,
+// API-backed sources list and watch through lw, or through dyn (a dynamic
+// client on that connection) for the resources lw leaves, and no second
 // flag or probe is made. host and source only describe it in logs and
-// health. The node name is validated as NewClient does.
-func NewEmbedded(nodeName, source, host string, lw ListerWatcherFunc) (*Client, error) {
+// health. The node name is validated as NewClient does. A nil lw is a
+// disabled client.
+func NewEmbedded(nodeName, source, host string, dyn dynamic.Interface, lw ListerWatcherFunc) (*Client, error) {
 	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
 		return nil, fmt.Errorf("node name %q is not a valid Kubernetes node name: %s", nodeName, strings.Join(errs, "; "))
 	}
 	if lw == nil {
 		return &Client{nodeName: nodeName}, nil
 	}
-	return &Client{nodeName: nodeName, source: source, host: host, embedded: lw}, nil
+	return &Client{nodeName: nodeName, source: source, host: host, dynamic: dyn, embedded: lw}, nil
 }
 
 // NewClient resolves the flags into a Client. It does not contact the API
@@ -177,7 +180,9 @@ func (c *Client) Dynamic() dynamic.Interface { return c.dynamic }
 // *unstructured.Unstructured. It panics when the client is disabled.
 func (c *Client) ListerWatcher(gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
 	if c.embedded != nil {
-		return c.embedded(gvr, namespace, tweak)
+		if lw := c.embedded(gvr, namespace, tweak); lw != nil {
+			return lw
+		}
 	}
 	if c.dynamic == nil {
 		panic("k8sclient: ListerWatcher on a disabled client")

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -70,30 +69,25 @@ func statusCommand(o *options) *cobra.Command {
 	return cmd
 }
 
-// sample is one sample of a family: its labels and value.
-type sample struct {
-	labels map[string]string
-	value  float64
-}
-
-func samples(families map[string]*dto.MetricFamily, name string) []sample {
-	f, ok := families[name]
-	if !ok {
-		return nil
-	}
-	var out []sample
-	for _, m := range f.GetMetric() {
-		s := sample{labels: map[string]string{}}
+// byLabels indexes the samples of family name (gauges and counters) by the
+// values of the labels row and col ("" for a family with one label):
+// value[row][col].
+func byLabels(families map[string]*dto.MetricFamily, name, row, col string) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	for _, m := range families[name].GetMetric() {
+		labels := map[string]string{}
 		for _, l := range m.GetLabel() {
-			s.labels[l.GetName()] = l.GetValue()
+			labels[l.GetName()] = l.GetValue()
 		}
-		switch {
-		case m.Gauge != nil:
-			s.value = m.GetGauge().GetValue()
-		case m.Counter != nil:
-			s.value = m.GetCounter().GetValue()
+		r := labels[row]
+		if out[r] == nil {
+			out[r] = map[string]float64{}
 		}
-		out = append(out, s)
+		value := m.GetGauge().GetValue()
+		if m.Counter != nil {
+			value = m.GetCounter().GetValue()
+		}
+		out[r][labels[col]] = value
 	}
 	return out
 }
@@ -119,14 +113,7 @@ func writeStatus(out io.Writer, rep healthReport, families map[string]*dto.Metri
 		}
 	}
 
-	rows := map[string]map[string]float64{}
-	for _, s := range samples(families, "enimasq_reconcile_rows") {
-		t := s.labels["table"]
-		if rows[t] == nil {
-			rows[t] = map[string]float64{}
-		}
-		rows[t][s.labels["status"]] = s.value
-	}
+	rows := byLabels(families, "enimasq_reconcile_rows", "table", "status")
 	if len(rows) > 0 {
 		fmt.Fprintln(w, "Tables:\tdone\tpending\terror")
 		for _, t := range sortedKeys(rows) {
@@ -135,26 +122,15 @@ func writeStatus(out io.Writer, rep healthReport, families map[string]*dto.Metri
 		}
 	}
 
-	entries := map[string]float64{}
-	for _, s := range samples(families, "enimasq_bpf_map_entries") {
-		entries[s.labels["map"]] = s.value
-	}
-	if pressure := samples(families, "enimasq_bpf_map_pressure"); len(pressure) > 0 {
+	entries := byLabels(families, "enimasq_bpf_map_entries", "map", "")
+	if pressure := byLabels(families, "enimasq_bpf_map_pressure", "map", ""); len(pressure) > 0 {
 		fmt.Fprintln(w, "Maps:\tentries\tpressure")
-		slices.SortFunc(pressure, func(a, b sample) int { return strings.Compare(a.labels["map"], b.labels["map"]) })
-		for _, s := range pressure {
-			fmt.Fprintf(w, "  %s\t%g\t%.2f%%\n", s.labels["map"], entries[s.labels["map"]], 100*s.value)
+		for _, m := range sortedKeys(pressure) {
+			fmt.Fprintf(w, "  %s\t%g\t%.2f%%\n", m, entries[m][""], 100*pressure[m][""])
 		}
 	}
 
-	pool := map[string]map[string]float64{}
-	for _, s := range samples(families, "enimasq_ipam_ips") {
-		e := s.labels["eni"]
-		if pool[e] == nil {
-			pool[e] = map[string]float64{}
-		}
-		pool[e][s.labels["type"]] = s.value
-	}
+	pool := byLabels(families, "enimasq_ipam_ips", "eni", "type")
 	if len(pool) > 0 {
 		fmt.Fprintln(w, "IPAM pool:\tpool\tused\tavailable")
 		for _, e := range sortedKeys(pool) {
@@ -163,19 +139,15 @@ func writeStatus(out io.Writer, rep healthReport, families map[string]*dto.Metri
 		}
 	}
 
-	errs := map[string]float64{}
-	for _, s := range samples(families, "enimasq_source_errors_total") {
-		errs[s.labels["source"]] = s.value
-	}
-	if last := samples(families, "enimasq_source_last_success_timestamp_seconds"); len(last) > 0 {
+	errs := byLabels(families, "enimasq_source_errors_total", "source", "")
+	if last := byLabels(families, "enimasq_source_last_success_timestamp_seconds", "source", ""); len(last) > 0 {
 		fmt.Fprintln(w, "Sources:\tlast good read\terrors")
-		slices.SortFunc(last, func(a, b sample) int { return strings.Compare(a.labels["source"], b.labels["source"]) })
-		for _, s := range last {
+		for _, src := range sortedKeys(last) {
 			when := "never"
-			if s.value > 0 {
-				when = time.Since(time.Unix(int64(s.value), 0)).Round(time.Second).String() + " ago"
+			if t := last[src][""]; t > 0 {
+				when = time.Since(time.Unix(int64(t), 0)).Round(time.Second).String() + " ago"
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%g\n", s.labels["source"], when, errs[s.labels["source"]])
+			fmt.Fprintf(w, "  %s\t%s\t%g\n", src, when, errs[src][""])
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,50 +29,27 @@ import (
 func newK8sClient(cs k8sClient.Clientset) (*k8sclient.Client, error) {
 	node := nodeTypes.GetName()
 	if cs == nil || !cs.IsEnabled() {
-		return k8sclient.NewEmbedded(node, "", "", nil)
+		return k8sclient.NewEmbedded(node, "", "", nil, nil)
 	}
 	rc := cs.RestConfig()
-	host := ""
-	if rc != nil {
-		host = rc.Host
+	if rc == nil {
+		return nil, fmt.Errorf("Cilium's clientset has no REST config")
 	}
-	dyn := sync.OnceValues(func() (dynamic.Interface, error) {
-		if rc == nil {
-			return nil, fmt.Errorf("Cilium's clientset has no REST config")
-		}
-		return dynamic.NewForConfig(rc)
-	})
-	lw := func(gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
-		if gvr == k8sclient.CiliumNodes {
-			nodes := cs.CiliumV2().CiliumNodes()
-			return unstructuredListWatch(gvr.GroupVersion().WithKind("CiliumNode"), tweak,
-				func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
-				func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
-		}
-		return &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				d, err := dyn()
-				if err != nil {
-					return nil, err
-				}
-				if tweak != nil {
-					tweak(&o)
-				}
-				return d.Resource(gvr).Namespace(namespace).List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				d, err := dyn()
-				if err != nil {
-					return nil, err
-				}
-				if tweak != nil {
-					tweak(&o)
-				}
-				return d.Resource(gvr).Namespace(namespace).Watch(ctx, o)
-			},
-		}
+	// A dynamic client contacts nothing until it is used.
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client on Cilium's REST config: %w", err)
 	}
-	return k8sclient.NewEmbedded(node, "Cilium's clientset", host, lw)
+	lw := func(gvr schema.GroupVersionResource, _ string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
+		if gvr != k8sclient.CiliumNodes {
+			return nil // the dynamic client's
+		}
+		nodes := cs.CiliumV2().CiliumNodes()
+		return unstructuredListWatch(gvr.GroupVersion().WithKind("CiliumNode"), tweak,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
+	}
+	return k8sclient.NewEmbedded(node, "Cilium's clientset", rc.Host, dyn, lw)
 }
 
 // unstructuredListWatch lists and watches through a typed client and hands

@@ -226,20 +226,28 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 			t.Errorf("cilium_ipmasq_v4 = %v, want the table %v", got, want)
 		}
 	}
-	// egressRules waits for eni-rules to be Done with n rows, then reads the
-	// kernel: each pod's priority-111 destinations.
-	egressRules := func(n int) map[netip.Addr][]netip.Prefix {
+	// egressRules waits until eni-rules holds, all Done, exactly the egress
+	// rules of pods to the CIDRs cidrs (not merely as many rows: the rows of
+	// the previous state are Done too), then reads the kernel: each pod's
+	// priority-111 destinations.
+	egressRules := func(pods []netip.Addr, cidrs ...string) map[netip.Addr][]netip.Prefix {
 		t.Helper()
+		want := map[ipam.RuleKey]bool{}
+		for _, pod := range pods {
+			for _, c := range prefixes(cidrs...) {
+				want[ipam.RuleKey{Priority: 111, From: netip.PrefixFrom(pod, 32), To: c, Table: 10 + podOf[pod].number}] = true
+			}
+		}
 		waitFor(t, ctx, db, "eni-rules Done", func(txn statedb.ReadTxn) (bool, <-chan struct{}) {
 			it, w := rules.AllWatch(txn)
 			count := 0
 			for r := range it {
-				if r.Status.Kind != reconciler.StatusKindDone {
+				if r.Status.Kind != reconciler.StatusKindDone || !want[r.RuleKey] {
 					return false, w
 				}
 				count++
 			}
-			return count == n, w
+			return count == len(want), w
 		})
 		out := map[netip.Addr][]netip.Prefix{}
 		for _, r := range listRules(t, nl) {
@@ -263,7 +271,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	if v := gatherEnimasq(t, hiveMets, "enimasq_bpf_map_entries", "cilium_ipmasq_v4"); v != 3 {
 		t.Errorf("enimasq_bpf_map_entries{map=cilium_ipmasq_v4} = %g through Cilium's hive metrics, want 3", v)
 	}
-	got := egressRules(3 * 4)
+	got := egressRules([]netip.Addr{podA, podB, podC}, "10.0.0.0/8", "169.254.0.0/16", "172.31.0.0/16", "192.168.0.0/16")
 	for _, pod := range []netip.Addr{podA, podB, podC, podD} {
 		want := prefixes("10.0.0.0/8", "169.254.0.0/16", "172.31.0.0/16", "192.168.0.0/16")
 		if !slices.Equal(got[pod], want) {
@@ -274,7 +282,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	// The edit: 192.168.0.0/16 leaves, 100.64.0.0/10 comes.
 	writeFile(t, configPath, "nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")
 	wantCIDRs("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16")
-	got = egressRules(3 * 4)
+	got = egressRules([]netip.Addr{podA, podB, podC}, "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16")
 	for _, pod := range []netip.Addr{podA, podB, podC} {
 		want := prefixes("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16")
 		if !slices.Equal(got[pod], want) {
@@ -296,7 +304,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	updateUsed(t, ctx, fcs, podA, podB)
 	writeFile(t, configPath, "nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10, 198.18.0.0/15]\n")
 	wantCIDRs("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "198.18.0.0/15")
-	got = egressRules(2 * 5)
+	got = egressRules([]netip.Addr{podA, podB}, "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16", "198.18.0.0/15")
 	if want := prefixes("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16"); !slices.Equal(got[podC], want) {
 		t.Errorf("pod C, gone from status.ipam.used but routed, egress to %v, want kept %v", got[podC], want)
 	}

@@ -28,12 +28,7 @@ type hiveMetricOut struct {
 	Metric metric.WithMetadata `group:"hive-metrics"`
 }
 
-type enimasqMetricsParams struct {
-	cell.In
-	Collectors []prometheus.Collector `group:"enimasq-metrics"`
-}
-
-func newEnimasqMetrics(p enimasqMetricsParams) hiveMetricOut {
+func newEnimasqMetrics(p metrics.In) hiveMetricOut {
 	return hiveMetricOut{Metric: &enimasqMetrics{collectors: p.Collectors, enabled: true}}
 }
 
