@@ -80,11 +80,17 @@ var behindTheBackCommands = cell.Provide(func(node nodeconfig.Config) hive.Scrip
 				return nil, m.Pin(path(args[0]))
 			}),
 		"raw/wait-pinned": script.Command(
-			script.CmdUsage{Summary: "Wait until the pinned map (read by its path) holds exactly these prefixes", Args: "map prefix..."},
+			script.CmdUsage{Summary: "Wait (at most the duration) until the pinned map, read by its path, holds exactly these prefixes", Args: "duration map prefix..."},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) < 1 {
+				if len(args) < 2 {
 					return nil, script.ErrUsage
 				}
+				within, err := time.ParseDuration(args[0])
+				if err != nil {
+					return nil, err
+				}
+				deadline := time.After(within)
+				args = args[1:]
 				want := strings.Join(args[1:], " ")
 				got := ""
 				for {
@@ -111,6 +117,8 @@ var behindTheBackCommands = cell.Provide(func(node nodeconfig.Config) hive.Scrip
 					select {
 					case <-s.Context().Done():
 						return nil, fmt.Errorf("pinned %s is %q, want %q", args[0], got, want)
+					case <-deadline:
+						return nil, fmt.Errorf("pinned %s is still %q after %s, want %q", args[0], got, within, want)
 					case <-time.After(20 * time.Millisecond):
 					}
 				}
