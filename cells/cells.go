@@ -5,9 +5,12 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/masqmap"
+	"github.com/enimasq/enimasq/policymap/netpolicy"
 )
 
 // Features are enimasq's feature cells: the group an embedding agent links.
@@ -15,8 +18,9 @@ import (
 // optionally, a *k8sclient.Client), so an agent that has those links them as
 // is, providing nodeconfig.Config from its own configuration.
 var Features = cell.Group(
+	nodeips.Cell,
 	ipmasq.Cell,
-	policymap.Cell,
+	policymap.Module(masqmap.Cell, netpolicy.Cell),
 	ipam.Cell,
 )
 

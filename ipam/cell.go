@@ -54,6 +54,7 @@ var Cell = cell.Module(
 		registerUsedReporter,
 		registerDesired,
 		registerReconcilers,
+		registerNodeIPs,
 	),
 )
 

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// Config holds the reconciliation flags shared by the policy-map cell's maps.
+// Config holds the reconciliation flags shared by the map features.
 type Config struct {
 	BPFMapRetryMin        time.Duration `mapstructure:"bpf-map-retry-min"`
 	BPFMapRetryMax        time.Duration `mapstructure:"bpf-map-retry-max"`
@@ -31,7 +31,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.MarkHidden("bpf-map-fault-probability")
 }
 
-func (c Config) validate() error {
+// Validate checks the flags; every map feature calls it at registration.
+func (c Config) Validate() error {
 	switch {
 	case c.BPFMapRetryMin <= 0 || c.BPFMapRetryMax < c.BPFMapRetryMin:
 		return fmt.Errorf("--bpf-map-retry-min %s and --bpf-map-retry-max %s: want 0 < min <= max", c.BPFMapRetryMin, c.BPFMapRetryMax)

@@ -1,6 +1,6 @@
-// Package policymap keeps BPF LPM maps equal to statedb tables, one map entry
-// per statedb object, through statedb's reconciler and the generic LPM
-// operations of package bpf.
+// Package policymap is what the BPF map features share: each keeps LPM maps
+// equal to a statedb table, one map entry per statedb object, through
+// statedb's reconciler and the generic LPM operations of package bpf.
 //
 // It exists because the AWS network policy agent refreshed a pod's map in one
 // bulk operation that stopped at the first key the kernel refused (a v6 except
@@ -9,21 +9,12 @@
 // keys are built only from prefixes of the map's family, and entries of a
 // family the node does not run are skipped and shown as such, never encoded.
 //
-// The first maps are Cilium's masquerade exemption maps, cilium_ipmasq_v4 and
-// cilium_ipmasq_v6, derived from the ip-masq-agent-cidrs table.
-//
-// With --enable-network-policy, the cell also reads PolicyEndpoint objects
-// (networking.k8s.aws/v1alpha1) from a directory, or with the Kubernetes API
-// server from all namespaces (the pods of this node only), into the
-// policy-endpoints
-// table, compiles them per pod IP and direction into the policy-map-entries
-// table (see CompilePod for the semantics and the encoding) and reconciles
-// that into the per-pod network-policy maps enimasq_egress_v4/_v6 and
-// enimasq_ingress_v4/_v6, which the verdict program in package bpf reads.
-// Files: policy_config.go (flags), policyendpoint*.go (objects, parser),
-// policy_source.go (directory watcher), policy_source_k8s.go (API server
-// informer and the node rule), policy_compile.go (compiler),
-// policy_table.go (entries), policy_derive.go (the job that recompiles only
-// what changed), policy.go (registration), policy_script.go and
-// policy_dump.go (script commands, kernel listing, verdicts).
+// The features live in packages of their own, composed by [Module]:
+// masqmap (Cilium's masquerade exemption maps cilium_ipmasq_v4/_v6, from
+// ip-masq-agent-cidrs) and netpolicy (the per-pod network-policy maps, from
+// PolicyEndpoint objects). This package holds one copy of what they share:
+// the retry and refresh flags ([Config]), the maps of a table with their
+// pins, fault injector and metrics ([Maps]), the reconciler options, the
+// kernel listing ([ListPrefixes]) and the script commands that wait for the
+// kernel or inject faults.
 package policymap

@@ -2,45 +2,20 @@ package policymap
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
 )
 
-// listIPMasq prints the kernel's ipmasq maps, one "map prefix" per line.
-func listIPMasq(masq *mapOps[*MasqEntry]) (string, error) {
-	var out strings.Builder
-	for _, m := range []struct {
-		name string
-		fam  bpf.Family
-	}{{bpf.IPMasqV4MapName, bpf.IPv4}, {bpf.IPMasqV6MapName, bpf.IPv6}} {
-		mp := masq.openMaps()[m.name]
-		if mp == nil {
-			continue
-		}
-		prefixes, err := ListPrefixes(mp, m.fam)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", m.name, err)
-		}
-		for _, p := range prefixes {
-			fmt.Fprintf(&out, "%s %s\n", m.name, p)
-		}
-	}
-	return out.String(), nil
-}
-
-// waitKernelMatches reads the kernel with list every 10 ms until it prints
+// WaitKernelMatches reads the kernel with list every 10 ms until it prints
 // what the script file says or the timeout passes. BPF maps have no change
 // notification to wait on.
-func waitKernelMatches(s *script.State, file string, timeout time.Duration, what string, list func() (string, error)) error {
+func WaitKernelMatches(s *script.State, file string, timeout time.Duration, what string, list func() (string, error)) error {
 	want, err := os.ReadFile(s.Path(file))
 	if err != nil {
 		return err
@@ -65,76 +40,54 @@ func waitKernelMatches(s *script.State, file string, timeout time.Duration, what
 	}
 }
 
-// scriptCommands are the cell's shell and script-test commands: they show
-// the kernel maps (not the tables) and inject faults.
-func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
-	return hive.NewScriptCmds(map[string]script.Cmd{
-		"policymap/ipmasq-list": script.Command(
-			script.CmdUsage{Summary: "List the prefixes in cilium_ipmasq_v4 and cilium_ipmasq_v6, read from the kernel"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				return func(*script.State) (string, string, error) {
-					out, err := listIPMasq(masq)
-					return out, "", err
-				}, nil
-			}),
-		"policymap/ipmasq-cmp": script.Command(
-			script.CmdUsage{
-				Summary: "Wait until the kernel's ipmasq maps list exactly as the file says",
-				Args:    "file",
-				Flags: func(fs *pflag.FlagSet) {
-					fs.Duration("timeout", 5*time.Second, "How long to wait for the maps to match")
-				},
-				Detail: []string{
-					"BPF maps have no change notification: the maps are read",
-					"every 10ms until they match the file (the format of",
-					"policymap/ipmasq-list) or the timeout passes.",
-				},
+// CmpCommand is the script command that waits until the kernel's maps, as
+// list prints them, equal a file: "<cmd> [flags] file". flags adds the
+// command's own flags to --timeout.
+func CmpCommand(summary, what string, flags func(*pflag.FlagSet), list func(s *script.State) (string, error)) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: summary,
+			Args:    "file",
+			Flags: func(fs *pflag.FlagSet) {
+				if flags != nil {
+					flags(fs)
+				}
+				fs.Duration("timeout", 5*time.Second, "How long to wait for the maps to match")
 			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 1 {
-					return nil, script.ErrUsage
-				}
-				timeout, err := s.Flags.GetDuration("timeout")
-				if err != nil {
-					return nil, err
-				}
-				return nil, waitKernelMatches(s, args[0], timeout, "ipmasq maps", func() (string, error) { return listIPMasq(masq) })
-			}),
-		"policymap/masq-decide": script.Command(
-			script.CmdUsage{
-				Summary: "Run the masquerade decision program on the ipmasq maps for destination addresses",
-				Args:    "address...",
-				Detail: []string{
-					"Prints one line per address: SNAT (masqueraded) or NO_SNAT (a",
-					"non-masquerade CIDR), as Cilium's datapath decides with these maps.",
-				},
+			Detail: []string{
+				"BPF maps have no change notification: the maps are read",
+				"every 10ms until they match the file (the format of the",
+				"list command) or the timeout passes.",
 			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) == 0 {
-					return nil, script.ErrUsage
-				}
-				open := masq.openMaps()
-				prog, err := bpf.LoadMasqDecision(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName])
-				if err != nil {
-					return nil, err
-				}
-				defer prog.Close()
-				var out strings.Builder
-				for _, a := range args {
-					addr, err := netip.ParseAddr(a)
-					if err != nil {
-						return nil, err
-					}
-					verdict, err := prog.DecideAddr(addr)
-					if err != nil {
-						return nil, err
-					}
-					fmt.Fprintf(&out, "%s %s\n", addr, map[uint32]string{bpf.MasqNoSNAT: "NO_SNAT", bpf.MasqSNAT: "SNAT"}[verdict])
-				}
-				return func(*script.State) (string, string, error) { return out.String(), "", nil }, nil
-			}),
-		"policymap/fault-probability": script.Command(
-			script.CmdUsage{Summary: "Make this fraction of ipmasq map operations fail", Args: "probability"},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			timeout, err := s.Flags.GetDuration("timeout")
+			if err != nil {
+				return nil, err
+			}
+			return nil, WaitKernelMatches(s, args[0], timeout, what, func() (string, error) { return list(s) })
+		})
+}
+
+// FaultKeys says how a fault-injection command names the keys it fails:
+// Args arguments a key (Usage shows them), made into the key by Encode.
+type FaultKeys struct {
+	Args   int
+	Usage  string
+	Encode func(args []string) ([]byte, error)
+}
+
+// FaultCommands are the script commands that inject faults into the
+// operations of maps: the command named probability makes that fraction of
+// them fail, the one named keys the operations on the keys it names (none:
+// stop failing).
+func FaultCommands[E bpf.Entry](maps *Maps[E], what, probability, keys string, k FaultKeys) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		probability: script.Command(
+			script.CmdUsage{Summary: "Make this fraction of " + what + " operations fail", Args: "probability"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				if len(args) != 1 {
 					return nil, script.ErrUsage
@@ -143,29 +96,28 @@ func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
 				if err != nil {
 					return nil, err
 				}
-				masq.faults.SetProbability(p)
+				maps.faults.SetProbability(p)
 				return nil, nil
 			}),
-		"policymap/fail-prefix": script.Command(
-			script.CmdUsage{Summary: "Make operations on these prefixes fail (none: stop)", Args: "[prefix...]"},
+		keys: script.Command(
+			script.CmdUsage{Summary: "Make operations on these " + what + " entries fail (none: stop)", Args: "[" + k.Usage + "]..."},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args)%k.Args != 0 {
+					return nil, script.ErrUsage
+				}
 				failing := map[string]bool{}
-				for _, a := range args {
-					p, err := netip.ParsePrefix(a)
-					if err != nil {
-						return nil, err
-					}
-					key, err := bpf.EncodePrefix(p)
+				for i := 0; i < len(args); i += k.Args {
+					key, err := k.Encode(args[i : i+k.Args])
 					if err != nil {
 						return nil, err
 					}
 					failing[string(key)] = true
 				}
 				if len(failing) == 0 {
-					masq.faults.SetFaultFunc(nil)
+					maps.faults.SetFaultFunc(nil)
 					return nil, nil
 				}
-				masq.faults.SetFaultFunc(func(_ string, key []byte) error {
+				maps.faults.SetFaultFunc(func(_ string, key []byte) error {
 					if failing[string(key)] {
 						return fmt.Errorf("injected: key refused")
 					}
@@ -173,5 +125,5 @@ func scriptCommands(masq *mapOps[*MasqEntry]) hive.ScriptCmdsOut {
 				})
 				return nil, nil
 			}),
-	})
+	}
 }

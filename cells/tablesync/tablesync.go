@@ -4,7 +4,11 @@
 // adds one CIDR writes one row, and one map operation or ip rule follows.
 package tablesync
 
-import "github.com/cilium/statedb"
+import (
+	"iter"
+
+	"github.com/cilium/statedb"
+)
 
 // Sync makes table hold exactly desired, within wtxn. key names a row and
 // query looks a key up in the table's primary index; same says whether an
@@ -21,13 +25,29 @@ func Sync[Obj any, K comparable](
 	same func(old, want Obj) bool,
 	insert func(Obj) Obj,
 ) int {
+	return SyncSubset(wtxn, table, table.All(wtxn), desired, key, query, same, insert)
+}
+
+// SyncSubset is [Sync] for the part of a table that existing lists (an index
+// query: the rows of one owner, of one pod): rows outside it are not
+// touched. Every desired row must belong in it.
+func SyncSubset[Obj any, K comparable](
+	wtxn statedb.WriteTxn,
+	table statedb.RWTable[Obj],
+	existing iter.Seq2[Obj, statedb.Revision],
+	desired []Obj,
+	key func(Obj) K,
+	query func(K) statedb.Query[Obj],
+	same func(old, want Obj) bool,
+	insert func(Obj) Obj,
+) int {
 	want := make(map[K]struct{}, len(desired))
 	for _, o := range desired {
 		want[key(o)] = struct{}{}
 	}
 	// Collect, then delete: the iterator is over the table being written.
 	var stale []Obj
-	for old := range table.All(wtxn) {
+	for old := range existing {
 		if _, ok := want[key(old)]; !ok {
 			stale = append(stale, old)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy"
 )
 
 const defaultBPFRoot = "/sys/fs/bpf"
@@ -54,7 +54,7 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer closeMaps(maps)
-			out, err := policymap.ListPolicyMaps(maps, podIP)
+			out, err := netpolicy.ListPolicyMaps(maps, podIP)
 			if err != nil {
 				return err
 			}
@@ -105,7 +105,7 @@ func policyCommand(o *options) *cobra.Command {
 			if cmd.Flags().Changed("port") {
 				args = append(args, strconv.Itoa(int(port)))
 			}
-			q, err := policymap.ParseVerdictQuery(args)
+			q, err := netpolicy.ParseVerdictQuery(args)
 			if err != nil {
 				return err
 			}
@@ -119,7 +119,7 @@ func policyCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer prog.Close()
-			v, err := policymap.JudgePacket(prog, maps, q)
+			v, err := netpolicy.JudgePacket(prog, maps, q)
 			if err != nil {
 				return err
 			}

@@ -43,7 +43,7 @@ import (
 	"github.com/enimasq/enimasq/cmd/cilium-agent/ciliumlink"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
-	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/masqmap"
 )
 
 // An ENI of the test node: a veth in the test's network namespace stands in
@@ -121,7 +121,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		enis      statedb.Table[*ipam.ENI]
 		rules     statedb.Table[*ipam.Rule]
 		cidrs     statedb.Table[*ipmasq.CIDR]
-		masq      statedb.Table[*policymap.MasqEntry]
+		masq      statedb.Table[*masqmap.Entry]
 		fcs       *testutils.FakeClientset
 		ipmasqAg  *ciliumipmasq.IPMasqAgent
 		ipmasqCfg ipmasqcell.Config
@@ -139,7 +139,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 		),
 		ciliumlink.Cell,
 		cell.Invoke(func(d *statedb.DB, e statedb.Table[*ipam.ENI], r statedb.Table[*ipam.Rule],
-			c statedb.Table[*ipmasq.CIDR], m statedb.Table[*policymap.MasqEntry], f *testutils.FakeClientset,
+			c statedb.Table[*ipmasq.CIDR], m statedb.Table[*masqmap.Entry], f *testutils.FakeClientset,
 			a *ciliumipmasq.IPMasqAgent, ic ipmasqcell.Config, hm hiveMetrics) {
 			db, enis, rules, cidrs, masq, fcs, ipmasqAg, ipmasqCfg, hiveMets = d, e, r, c, m, f, a, ic, hm.Metrics
 		}),

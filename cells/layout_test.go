@@ -1,0 +1,92 @@
+package cells_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/enimasq/enimasq/"
+
+// features are the feature packages, by directory; rowTypes are what one
+// may use of another: the row type of a table it reads.
+var (
+	features = []string{"ipmasq", "ipam", "policymap/masqmap", "policymap/netpolicy"}
+	rowTypes = map[string]map[string]bool{
+		"ipmasq": {"CIDR": true}, // the ip-masq-agent-cidrs row
+	}
+)
+
+// TestFeaturesMeetThroughTables: a feature package (its non-test files)
+// imports another feature only for the row type of a table it reads, so
+// features meet through tables; the network-policy package does not import
+// ipam (the node's addresses come from node-ips).
+func TestFeaturesMeetThroughTables(t *testing.T) {
+	for _, dir := range features {
+		for _, file := range goFiles(t, filepath.Join("..", dir)) {
+			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			names := map[string]string{} // local name -> feature directory
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				other, ok := strings.CutPrefix(path, module)
+				if !ok || other == dir || !isFeature(other) {
+					continue
+				}
+				if rowTypes[other] == nil {
+					t.Errorf("%s imports feature %s: features meet through tables", file, other)
+					continue
+				}
+				name := filepath.Base(other)
+				if imp.Name != nil {
+					name = imp.Name.Name
+				}
+				names[name] = other
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if x, ok := sel.X.(*ast.Ident); ok && names[x.Name] != "" && !rowTypes[names[x.Name]][sel.Sel.Name] {
+					t.Errorf("%s uses %s.%s: of feature %s only the row type of a table may be used", file, x.Name, sel.Sel.Name, names[x.Name])
+				}
+				return true
+			})
+		}
+	}
+}
+
+func isFeature(dir string) bool {
+	for _, f := range features {
+		if f == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func goFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if name := e.Name(); strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") {
+			out = append(out, filepath.Join(dir, name))
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no Go files in %s", dir)
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package netpolicy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+// nopHealth is a cell.Health that reports nowhere.
+type nopHealth struct{}
+
+func (nopHealth) OK(string)                     {}
+func (nopHealth) Stopped(string)                {}
+func (nopHealth) Degraded(string, error)        {}
+func (h nopHealth) NewScope(string) cell.Health { return h }
+func (nopHealth) Close()                        {}
+
+// deriverFixture runs a policyDeriver on fresh tables, without maps.
+type deriverFixture struct {
+	db        *statedb.DB
+	endpoints statedb.RWTable[*PolicyEndpoint]
+	entries   statedb.RWTable[*PolicyMapEntry]
+	initPEs   func(statedb.WriteTxn)
+}
+
+func startDeriver(t *testing.T, node nodeconfig.Config) *deriverFixture {
+	t.Helper()
+	db := statedb.New()
+	eps, err := NewPolicyEndpointsTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := NewPolicyMapEntriesTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wtxn := db.WriteTxn(eps, ents)
+	initPEs := eps.RegisterInitializer(wtxn, "test-source")
+	initEntries := ents.RegisterInitializer(wtxn, "derive")
+	wtxn.Commit()
+	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.run(ctx, nopHealth{}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs}
+}
+
+// write inserts (or, with del, deletes) objects in one transaction,
+// marking policy-endpoints initialized.
+func (f *deriverFixture) write(del bool, pes ...*PolicyEndpoint) {
+	wtxn := f.db.WriteTxn(f.endpoints)
+	for _, pe := range pes {
+		if del {
+			f.endpoints.Delete(wtxn, pe)
+		} else {
+			f.endpoints.Insert(wtxn, pe)
+		}
+	}
+	if f.initPEs != nil {
+		f.initPEs(wtxn)
+		f.initPEs = nil
+	}
+	wtxn.Commit()
+}
+
+// waitFor waits until the entries equal want (by desired bytes) and
+// returns their revisions by entry ID.
+func (f *deriverFixture) waitFor(t *testing.T, want []*PolicyMapEntry) map[string]statedb.Revision {
+	t.Helper()
+	wantIDs := map[string]bool{}
+	for _, e := range want {
+		wantIDs[entryID(e)] = true
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		iter, watch := f.entries.AllWatch(f.db.ReadTxn())
+		revs := map[string]statedb.Revision{}
+		for e, rev := range iter {
+			revs[entryID(e)] = rev
+		}
+		ok := len(revs) == len(wantIDs)
+		for id := range revs {
+			ok = ok && wantIDs[id]
+		}
+		if ok {
+			return revs
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			t.Fatalf("entries never matched: have %d, want %d", len(revs), len(wantIDs))
+		}
+	}
+}
+
+func benchPolicyEndpoint(i int, dst string) *PolicyEndpoint {
+	pod := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
+	return &PolicyEndpoint{
+		Namespace: "ns", Name: fmt.Sprintf("pe-%d", i), PolicyRef: "ns/p",
+		IsolatesEgress: true,
+		Pods:           []PodEndpoint{{PodIP: pod, HostIP: netip.MustParseAddr("10.255.0.1")}},
+		Egress: []Rule{
+			{CIDR: netip.MustParsePrefix(dst), Ports: []Port{{Protocol: 6, Port: 80}}},
+			{CIDR: netip.MustParsePrefix("172.16.0.0/12"), Except: []netip.Prefix{netip.MustParsePrefix("172.16.1.0/24")}},
+		},
+	}
+}
+
+// TestDeriverTouchesOnlyChangedEntries: when one object changes, only the
+// entries whose bytes change get a new revision (and so reach the
+// reconciler); the entries of every other pod, and the unchanged entries of
+// the same pod, keep theirs.
+func TestDeriverTouchesOnlyChangedEntries(t *testing.T) {
+	f := startDeriver(t, nodeconfig.Config{EnableIPv4: true})
+	var pes []*PolicyEndpoint
+	var want []*PolicyMapEntry
+	for i := range 100 {
+		pe := benchPolicyEndpoint(i, "10.1.0.7/32")
+		pes = append(pes, pe)
+		want = append(want, CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe})...)
+	}
+	if ok, _ := f.entries.Initialized(f.db.ReadTxn()); ok {
+		t.Fatal("entries initialized before policy-endpoints")
+	}
+	f.write(false, pes...)
+	before := f.waitFor(t, want)
+	if ok, _ := f.entries.Initialized(f.db.ReadTxn()); !ok {
+		t.Fatal("entries not initialized after policy-endpoints")
+	}
+
+	// Pod 42's destination 10.1.0.7 becomes 10.1.0.8: one entry deleted,
+	// one added, the others untouched.
+	changed := benchPolicyEndpoint(42, "10.1.0.8/32")
+	oldEntries := CompilePod(pes[42].Pods[0].PodIP, pes[42:43])
+	newEntries := CompilePod(changed.Pods[0].PodIP, []*PolicyEndpoint{changed})
+	want = want[:0]
+	for i, pe := range pes {
+		if i == 42 {
+			pe = changed
+		}
+		want = append(want, CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe})...)
+	}
+	f.write(false, changed)
+	after := f.waitFor(t, want)
+
+	written := 0
+	for id, rev := range after {
+		if old, ok := before[id]; !ok || old != rev {
+			written++
+		}
+	}
+	newIDs := map[string]bool{}
+	for _, e := range newEntries {
+		newIDs[entryID(e)] = true
+	}
+	removed := 0
+	for _, e := range oldEntries {
+		if !newIDs[entryID(e)] {
+			removed++
+		}
+	}
+	if written != 1 || removed != 1 || len(after) != len(before) {
+		t.Errorf("%d entries written, %d removed (of %d, then %d); want 1 and 1", written, removed, len(before), len(after))
+	}
+
+	// The object is deleted: exactly its pod's entries go.
+	f.write(true, changed)
+	want = want[:0]
+	for i, pe := range pes {
+		if i != 42 {
+			want = append(want, CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe})...)
+		}
+	}
+	final := f.waitFor(t, want)
+	for id, rev := range final {
+		if after[id] != rev {
+			t.Errorf("entry %s rewritten by the deletion of another pod's object", id)
+		}
+	}
+}

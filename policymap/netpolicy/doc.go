@@ -1,0 +1,22 @@
+// Package netpolicy enforces network policy for the pods of this node in
+// per-pod BPF LPM maps: it reads PolicyEndpoint objects
+// (networking.k8s.aws/v1alpha1, as the AWS network policy controller writes
+// them) from a directory, or from the API server in all namespaces (the
+// pods of this node only), into the policy-endpoints table, compiles them per
+// pod IP and direction into the policy-map-entries table (see CompilePod for
+// the semantics and the encoding) and reconciles that into the maps
+// enimasq_egress_v4/_v6 and enimasq_ingress_v4/_v6, which the verdict program
+// in package bpf reads. It runs with --enable-network-policy.
+//
+// The AWS network policy agent refreshed a pod's map in one bulk operation
+// that stopped at the first key the kernel refused (a v6 except encoded as a
+// v4 key); here every entry has its own row, status and retry (see package
+// policymap).
+//
+// Files: cell.go (the cell and its registration), config.go (flags),
+// endpoint.go (objects and their table), parse.go and decode.go (the file
+// format), source.go (directory watcher), source_k8s.go (API server informer
+// and the node rule), compile.go (compiler), table.go (policy-map-entries),
+// derive.go (the job that recompiles only what changed), metrics.go,
+// script.go and dump.go (script commands, kernel listing, verdicts).
+package netpolicy

@@ -1,0 +1,185 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// PolicyEndpointsTableName is the table of PolicyEndpoint objects in effect.
+const PolicyEndpointsTableName = "policy-endpoints"
+
+// PolicyEndpoint is one validated PolicyEndpoint object
+// (networking.k8s.aws/v1alpha1): the pods a NetworkPolicy selects on this
+// node and its rules, as the AWS network policy controller writes them.
+// Objects in the table are immutable.
+type PolicyEndpoint struct {
+	Namespace string
+	Name      string
+	// File is the file the object was read from.
+	File string
+	// PolicyRef is the NetworkPolicy, "namespace/name".
+	PolicyRef string
+	// IsolatesIngress and IsolatesEgress come from spec.podIsolation: the
+	// selected pods allow only what the rules of a direction they are
+	// isolated in allow.
+	IsolatesIngress bool
+	IsolatesEgress  bool
+	// Pods are spec.podSelectorEndpoints, one per pod IP (a dual-stack pod
+	// is listed once per family).
+	Pods    []PodEndpoint
+	Ingress []Rule
+	Egress  []Rule
+	// Warnings are accepted oddities, each naming the field: items of
+	// another family dropped, host bits cleared, excepts outside their
+	// cidr, duplicates.
+	Warnings []string `json:",omitempty"`
+}
+
+// PodEndpoint is a pod the PolicyEndpoint selects, by IP.
+type PodEndpoint struct {
+	Name      string
+	Namespace string
+	PodIP     netip.Addr
+	// HostIP is the node's IP, always allowed (kubelet probes); invalid when
+	// not given.
+	HostIP netip.Addr
+}
+
+// Rule is one ingress or egress rule: peers in CIDR but in none of Except
+// may use Ports. Except holds only prefixes of CIDR's family strictly
+// inside CIDR or covering it.
+type Rule struct {
+	CIDR   netip.Prefix
+	Except []netip.Prefix `json:",omitempty"`
+	// Ports empty allows every protocol and port.
+	Ports []Port `json:",omitempty"`
+}
+
+// Port is a protocol and a port or port range.
+type Port struct {
+	// Protocol is bpf.ProtocolTCP, bpf.ProtocolUDP or bpf.ProtocolSCTP.
+	Protocol uint32
+	// Port 0 allows every port of the protocol.
+	Port uint16 `json:",omitempty"`
+	// EndPort 0 allows Port only.
+	EndPort uint16 `json:",omitempty"`
+}
+
+func (p Port) String() string {
+	return bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}.String()
+}
+
+// Key is "namespace/name", the table's primary key.
+func (pe *PolicyEndpoint) Key() string { return pe.Namespace + "/" + pe.Name }
+
+// Rules returns the rules of a direction.
+func (pe *PolicyEndpoint) Rules(d bpf.Direction) []Rule {
+	if d == bpf.Ingress {
+		return pe.Ingress
+	}
+	return pe.Egress
+}
+
+// Isolates reports whether the selected pods are isolated in direction d.
+func (pe *PolicyEndpoint) Isolates(d bpf.Direction) bool {
+	if d == bpf.Ingress {
+		return pe.IsolatesIngress
+	}
+	return pe.IsolatesEgress
+}
+
+// Selects reports whether the object lists the pod IP.
+func (pe *PolicyEndpoint) Selects(pod netip.Addr) bool {
+	for _, p := range pe.Pods {
+		if p.PodIP == pod {
+			return true
+		}
+	}
+	return false
+}
+
+func (pe *PolicyEndpoint) isolation() string {
+	var dirs []string
+	if pe.IsolatesIngress {
+		dirs = append(dirs, "Ingress")
+	}
+	if pe.IsolatesEgress {
+		dirs = append(dirs, "Egress")
+	}
+	if len(dirs) == 0 {
+		return "-"
+	}
+	return strings.Join(dirs, ",")
+}
+
+// shownPods is how many pod IPs a table row lists before "and N more".
+const shownPods = 4
+
+func (pe *PolicyEndpoint) podList() string {
+	if len(pe.Pods) == 0 {
+		return "-"
+	}
+	var ips []string
+	for i, p := range pe.Pods {
+		if i == shownPods {
+			return fmt.Sprintf("%s and %d more", strings.Join(ips, ","), len(pe.Pods)-shownPods)
+		}
+		ips = append(ips, p.PodIP.String())
+	}
+	return strings.Join(ips, ",")
+}
+
+func (pe *PolicyEndpoint) TableHeader() []string {
+	return []string{"Name", "Policy", "Isolation", "Pods", "Ingress", "Egress", "Warnings"}
+}
+
+func (pe *PolicyEndpoint) TableRow() []string {
+	return []string{
+		pe.Key(),
+		pe.PolicyRef,
+		pe.isolation(),
+		pe.podList(),
+		fmt.Sprintf("%d rules", len(pe.Ingress)),
+		fmt.Sprintf("%d rules", len(pe.Egress)),
+		strings.Join(pe.Warnings, "; "),
+	}
+}
+
+var (
+	// PolicyEndpointNameIndex is the primary index: "namespace/name".
+	PolicyEndpointNameIndex = statedb.Index[*PolicyEndpoint, string]{
+		Name: "name",
+		FromObject: func(pe *PolicyEndpoint) index.KeySet {
+			return index.NewKeySet(index.String(pe.Key()))
+		},
+		FromKey:    index.String,
+		FromString: index.FromString,
+		Unique:     true,
+	}
+
+	// PolicyEndpointPodIndex finds the objects that select a pod IP.
+	PolicyEndpointPodIndex = statedb.Index[*PolicyEndpoint, netip.Addr]{
+		Name: "pod",
+		FromObject: func(pe *PolicyEndpoint) index.KeySet {
+			keys := make([]index.Key, 0, len(pe.Pods))
+			for _, p := range pe.Pods {
+				keys = append(keys, index.NetIPAddr(p.PodIP))
+			}
+			return index.NewKeySet(keys...)
+		},
+		FromKey:    index.NetIPAddr,
+		FromString: index.NetIPAddrString,
+		Unique:     false,
+	}
+)
+
+// NewPolicyEndpointsTable creates and registers policy-endpoints.
+func NewPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*PolicyEndpoint], error) {
+	return statedb.NewTable(db, PolicyEndpointsTableName, PolicyEndpointNameIndex, PolicyEndpointPodIndex)
+}

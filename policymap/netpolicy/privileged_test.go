@@ -1,0 +1,430 @@
+package netpolicy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+// TestPrivilegedPolicyProgramMatchesOracle is the property test on the real
+// datapath: random policies go through the table, the compiler and the
+// reconciler into the kernel maps, and the verdict program, run with
+// BPF_PROG_TEST_RUN on random packets, must agree with the direct
+// evaluation of the NetworkPolicy semantics. On a failure the seed and a
+// minimal case (shrunk through the same pipeline) are printed.
+func TestPrivilegedPolicyProgramMatchesOracle(t *testing.T) {
+	requireRoot(t)
+	seed := propertySeed(t)
+	scenarios, packets := 400, 40
+	if testing.Short() {
+		scenarios = 30
+	}
+	for _, node := range []nodeconfig.Config{{EnableIPv4: true}, {EnableIPv4: true, EnableIPv6: true}} {
+		name := "ipv4-only"
+		if node.EnableIPv6 {
+			name = "dual-stack"
+		}
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, uint64(b2i(node.EnableIPv6))))
+			h := startPolicyHarness(t, harnessOptions{node: node})
+			prog := h.program()
+			apply := func(s scenario) {
+				h.setEndpoints(s.parse(t))
+				h.waitConverged(compileScenario(t, s, node))
+			}
+			checked := 0
+			for i := range scenarios {
+				s := genScenario(rng, true)
+				apply(s)
+				for _, p := range genPackets(rng, s, true, packets) {
+					checked++
+					want := s.oracleAllows(h.node, p)
+					res := runPacket(t, prog, p)
+					if res.Allow == want {
+						continue
+					}
+					min := shrink(s, func(c scenario) bool {
+						apply(c)
+						return runPacket(t, prog, p).Allow != c.oracleAllows(h.node, p)
+					})
+					apply(min)
+					t.Fatalf("seed %d, %s node, scenario %d: packet %s: oracle allows=%t, the program says %+v\nminimal case:\n%s\nkernel maps:\n%s",
+						seed, name, i, p, want, runPacket(t, prog, p), min.render(), mustList(t, h.ops.Opened()))
+				}
+			}
+			t.Logf("%d packets on %d random policies: the program on the reconciled maps agrees with the oracle", checked, scenarios)
+		})
+	}
+}
+
+func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
+	out, err := ListPolicyMaps(maps, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPrivilegedPolicySampleOnIPv4Node: the sample PolicyEndpoint (an
+// egress ::/0 with excepts 100::/64 and fe80::/10) on an IPv4-only node.
+// Every key in the v4 maps is a valid v4 key from a v4 item, nothing comes
+// from an IPv6 item (fe80::/10, which the AWS agent turned into
+// 254.128.0.0/10, in particular), no v6 map exists, and the node warns that
+// the IPv6 rule is skipped.
+func TestPrivilegedPolicySampleOnIPv4Node(t *testing.T) {
+	data, err := os.ReadFile(samplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pes, err := ParsePolicyEndpoints("sample.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := nodeconfig.Config{EnableIPv4: true}
+	h := startPolicyHarness(t, harnessOptions{node: node})
+	h.setEndpoints(pes)
+	pod := netip.MustParseAddr("10.130.100.133")
+	h.waitConverged(CompilePod(pod, pes))
+
+	if _, ok := h.ops.Opened()[bpf.PolicyEgressV6MapName]; ok {
+		t.Error("a v6 map is open on an IPv4-only node")
+	}
+	for _, name := range []string{bpf.PolicyEgressV6MapName, bpf.PolicyIngressV6MapName} {
+		if _, err := os.Stat(filepath.Join(h.node.GlobalsDir(), name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is pinned: %v", name, err)
+		}
+	}
+	v4Items := map[netip.Prefix]bool{}
+	for _, s := range []string{"0.0.0.0/0", "10.130.112.20/32", "10.0.0.0/8", "10.130.0.0/16", "10.130.0.10/32"} {
+		v4Items[netip.MustParsePrefix(s)] = true
+	}
+	n := 0
+	for _, name := range []string{bpf.PolicyEgressV4MapName, bpf.PolicyIngressV4MapName} {
+		m := h.ops.Opened()[name]
+		key := make([]byte, m.KeySize())
+		value := make([]byte, m.ValueSize())
+		iter := m.Iterate()
+		for iter.Next(&key, &value) {
+			n++
+			if len(key) != bpf.PolicyKeySizeV4 {
+				t.Fatalf("%s key %x: %d bytes", name, key, len(key))
+			}
+			gotPod, peer, err := bpf.UnmarshalPolicyKey(bpf.IPv4, key) // checks 32 <= prefixlen <= 64
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gotPod != pod || !v4Items[peer] {
+				t.Errorf("%s key %s %s does not come from a v4 item of the sample", name, gotPod, peer)
+			}
+			if netip.MustParsePrefix("254.128.0.0/10").Overlaps(peer) && peer.Bits() > 0 {
+				t.Errorf("%s key %s: fe80::/10 left a trace", name, peer)
+			}
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n != 6 {
+		t.Errorf("%d keys, want 6", n)
+	}
+	warnings := nodeWarnings(pes[0], node)
+	if !slices.Equal(warnings, []string{"spec.egress[2]: cidr ::/0: IPv6 is disabled on this node (--enable-ipv6=false): rule skipped with its 2 excepts"}) {
+		t.Errorf("node warnings %q", warnings)
+	}
+
+	prog := h.program()
+	for _, tc := range []struct {
+		peer  string
+		proto uint32
+		port  uint16
+		allow bool
+	}{
+		{"10.1.2.3", bpf.ProtocolUDP, 53, true},
+		{"10.130.5.5", bpf.ProtocolUDP, 53, false},
+		{"10.130.112.20", bpf.ProtocolTCP, 8080, true},
+		{"254.128.0.1", bpf.ProtocolTCP, 443, false},
+		{"10.130.0.10", bpf.ProtocolTCP, 10250, true},
+	} {
+		p := packet{Dir: bpf.Egress, Pod: pod, Peer: netip.MustParseAddr(tc.peer), Proto: tc.proto, Port: tc.port}
+		if res := runPacket(t, prog, p); res.Allow != tc.allow {
+			t.Errorf("%s: %+v, want allow=%t", p, res, tc.allow)
+		}
+	}
+}
+
+// TestPrivilegedPolicyDualStackPod: a pod listed with one podIP per family
+// (same name and namespace) gets both families programmed, each from its
+// own family's items.
+func TestPrivilegedPolicyDualStackPod(t *testing.T) {
+	pes := mustParse(t, pe("web", `  podIsolation: [Egress]
+  podSelectorEndpoints:
+  - {hostIP: 10.0.0.1, podIP: 10.0.0.5, name: web-0, namespace: ns}
+  - {hostIP: 'fd00::1', podIP: 'fd00::5', name: web-0, namespace: ns}
+  egress:
+  - {cidr: 10.0.0.0/8, except: ['fd00::/16', 10.1.0.0/16], ports: [{port: 80}]}
+  - {cidr: 'fd00::/8', except: ['fd00:1::/32', 10.2.0.0/16], ports: [{protocol: UDP, port: 53}]}
+`))
+	h := startPolicyHarness(t, harnessOptions{node: nodeconfig.Config{EnableIPv4: true, EnableIPv6: true}})
+	h.setEndpoints(pes)
+	v4, v6 := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")
+	h.waitConverged(append(CompilePod(v4, pes), CompilePod(v6, pes)...))
+	got := mustList(t, h.ops.Opened())
+	want := `enimasq_egress_v4 10.0.0.5 0.0.0.0/0 deny
+enimasq_egress_v4 10.0.0.5 10.0.0.0/8 tcp/80
+enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any
+enimasq_egress_v4 10.0.0.5 10.1.0.0/16 deny
+enimasq_egress_v6 fd00::5 ::/0 deny
+enimasq_egress_v6 fd00::5 fd00::/8 udp/53
+enimasq_egress_v6 fd00::5 fd00::1/128 any
+enimasq_egress_v6 fd00::5 fd00:1::/32 deny
+enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any
+enimasq_ingress_v6 fd00::5 ::/0 any
+`
+	if got != want {
+		t.Errorf("maps:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// recordingMap records the keys of the batch operations the reconciler
+// makes, in order.
+type recordingMap struct {
+	bpf.Map
+	mu  sync.Mutex
+	ops []string // "delete <hex keys>" / "update <hex keys>"
+}
+
+func (r *recordingMap) record(op string, keys any) {
+	var b strings.Builder
+	b.WriteString(op)
+	switch ks := keys.(type) {
+	case []byte:
+		b.WriteString(" " + hexKey(ks))
+	default:
+		for _, k := range byteSlices(keys) {
+			b.WriteString(" " + hexKey(k))
+		}
+	}
+	r.mu.Lock()
+	r.ops = append(r.ops, b.String())
+	r.mu.Unlock()
+}
+
+func (r *recordingMap) Put(key, value any) error {
+	r.record("update", key)
+	return r.Map.Put(key, value)
+}
+
+func (r *recordingMap) Delete(key any) error {
+	r.record("delete", key)
+	return r.Map.Delete(key)
+}
+
+func (r *recordingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
+	r.record("update", keys)
+	return r.Map.BatchUpdate(keys, values, opts)
+}
+
+func (r *recordingMap) BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error) {
+	r.record("delete", keys)
+	return r.Map.BatchDelete(keys, opts)
+}
+
+func (r *recordingMap) recorded() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ops)
+}
+
+// TestPrivilegedPolicyChurnWhileFailing: a destination pod IP changes in
+// the PolicyEndpoint while another entry of the same pod fails in the
+// kernel. The old entry is deleted and the new one added in the same
+// reconciler round (its delete batch and the update batch right after it),
+// the failing entry keeps failing alone, and the stale allow is gone.
+func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
+	spec := func(dst string) string {
+		return "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n" +
+			"  egress:\n  - {cidr: " + dst + ", ports: [{port: 80}]}\n  - {cidr: 172.16.0.0/12, ports: [{protocol: UDP, port: 53}]}\n"
+	}
+	pod := netip.MustParseAddr("10.0.0.5")
+	failing, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("172.16.0.0/12"))
+	oldKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.7/32"))
+	newKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.8/32"))
+
+	h := startPolicyHarness(t, harnessOptions{})
+	rec := &recordingMap{Map: h.ops.Opened()[bpf.PolicyEgressV4MapName]}
+	h.ops.Interpose(bpf.PolicyEgressV4MapName, rec)
+	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
+		if bytes.Equal(key, failing) {
+			return errors.New("refused by the test")
+		}
+		return nil
+	})
+
+	before := mustParse(t, pe("client", spec("10.2.0.7")))
+	h.setEndpoints(before)
+	waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
+		return statusOf(rows, oldKey) == "Done" && statusOf(rows, failing) == "Error"
+	})
+
+	after := mustParse(t, pe("client", spec("10.2.0.8")))
+	h.setEndpoints(after)
+	rows := waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
+		return statusOf(rows, newKey) == "Done" && statusOf(rows, oldKey) == ""
+	})
+	if s := statusOf(rows, failing); s != "Error" {
+		t.Errorf("the failing entry is %s", s)
+	}
+
+	kernel := mustList(t, h.ops.Opened())
+	if strings.Contains(kernel, "10.2.0.7/32") || !strings.Contains(kernel, "10.2.0.8/32 tcp/80") || strings.Contains(kernel, "172.16.0.0/12") {
+		t.Errorf("kernel maps:\n%s", kernel)
+	}
+	ops := rec.recorded()
+	i := slices.IndexFunc(ops, func(op string) bool { return strings.HasPrefix(op, "delete") && strings.Contains(op, hexKey(oldKey)) })
+	if i < 0 || i+1 >= len(ops) || !strings.HasPrefix(ops[i+1], "update") || !strings.Contains(ops[i+1], hexKey(newKey)) {
+		t.Errorf("the old entry's delete is not followed by the new entry's update in the same round:\n%s", strings.Join(ops, "\n"))
+	}
+	for _, op := range ops {
+		if strings.Contains(op, hexKey(failing)) {
+			t.Errorf("the failing key reached the map: %s", op)
+		}
+	}
+
+	// The fault goes: the failing entry is retried in.
+	h.ops.Faults().SetFaultFunc(nil)
+	h.waitConverged(CompilePod(pod, after))
+}
+
+func hexKey(b []byte) string { return hex.EncodeToString(b) }
+
+// byteSlices returns the elements of a slice of byte arrays (a batch of
+// keys) as byte slices.
+func byteSlices(keys any) [][]byte {
+	v := reflect.ValueOf(keys)
+	out := make([][]byte, v.Len())
+	for i := range out {
+		e := v.Index(i)
+		b := make([]byte, e.Len())
+		reflect.Copy(reflect.ValueOf(b), e)
+		out[i] = b
+	}
+	return out
+}
+
+// statusOf is the status kind of the entry with key, "" if absent.
+func statusOf(rows []*PolicyMapEntry, key []byte) string {
+	for _, r := range rows {
+		if bytes.Equal(r.key, key) {
+			return r.Status.Kind.String()
+		}
+	}
+	return ""
+}
+
+func waitEntries(t *testing.T, h *policyHarness, cond func([]*PolicyMapEntry) bool) []*PolicyMapEntry {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		iter, watch := h.entries.AllWatch(h.db.ReadTxn())
+		rows := statedb.Collect(iter)
+		if cond(rows) {
+			return rows
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			var lines []string
+			for _, r := range rows {
+				lines = append(lines, strings.Join(r.TableRow(), " "))
+			}
+			t.Fatalf("timed out; entries:\n%s", strings.Join(lines, "\n"))
+		}
+	}
+}
+
+// TestPrivilegedPolicyIdenticalBytes: identical input, in any order, gives
+// byte-identical kernel maps, run after run (each run a fresh agent on a
+// fresh bpffs).
+func TestPrivilegedPolicyIdenticalBytes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	s := genScenario(rng, true)
+	for len(s.PEs) < 3 {
+		s = genScenario(rng, true)
+	}
+	node := nodeconfig.Config{EnableIPv4: true, EnableIPv6: true}
+	var first []byte
+	for run := range 3 {
+		h := startPolicyHarness(t, harnessOptions{node: node})
+		h.setEndpoints(shuffleObjects(rng, s.parse(t)))
+		h.waitConverged(compileScenario(t, s, node))
+		got := h.rawKernelBytes()
+		h.stop()
+		if run == 0 {
+			first = got
+			continue
+		}
+		if !bytes.Equal(got, first) {
+			t.Fatalf("run %d: kernel bytes differ:\n%s\nfirst run:\n%s", run, got, first)
+		}
+	}
+	if len(first) == 0 {
+		t.Fatal("nothing programmed")
+	}
+}
+
+// TestPrivilegedPolicyNoPruneBeforeSourceInitialized: a restart finds the
+// maps of the previous run. Until policy-endpoints is initialized (its
+// source has loaded the files), nothing is pruned, even with a short prune
+// interval; once it is, the maps hold exactly the new desired state.
+func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
+	pod := netip.MustParseAddr("10.0.0.5")
+	stale, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.9.0.0/16"))
+	h := startPolicyHarness(t, harnessOptions{
+		args: []string{"--bpf-map-refresh-interval=20ms"},
+		beforeStart: func(dir string) {
+			m, err := bpf.OpenPinned(slog.New(slog.DiscardHandler), bpf.PolicyMapSpec(bpf.Egress, bpf.IPv4, bpf.PolicyDefaultMaxEntries), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Put(stale, anyBytes); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+	time.Sleep(300 * time.Millisecond) // 15 prune intervals
+	if kernel := mustList(t, h.ops.Opened()); !strings.Contains(kernel, "10.9.0.0/16 any") {
+		t.Fatalf("the previous run's entries were pruned before the source was initialized:\n%s", kernel)
+	}
+	if ok, _ := h.entries.Initialized(h.db.ReadTxn()); ok {
+		t.Fatal("policy-map-entries is initialized before policy-endpoints")
+	}
+
+	pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n"))
+	h.setEndpoints(pes)
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Contains(mustList(t, h.ops.Opened()), "10.9.0.0/16") {
+		if time.Now().After(deadline) {
+			t.Fatal("the stale entry is never pruned")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.waitConverged(CompilePod(pod, pes))
+}

@@ -1,0 +1,173 @@
+package netpolicy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap"
+)
+
+// ParseVerdictQuery parses "direction pod peer protocol [port]", e.g.
+// "egress 10.0.0.5 10.1.2.3 udp 53". The port is required for TCP, UDP and
+// SCTP and refused for other protocols.
+func ParseVerdictQuery(args []string) (VerdictQuery, error) {
+	if len(args) < 4 || len(args) > 5 {
+		return VerdictQuery{}, fmt.Errorf("%q: want \"direction pod peer protocol [port]\"", strings.Join(args, " "))
+	}
+	var q VerdictQuery
+	var err error
+	if q.Direction, err = bpf.ParseDirection(args[0]); err != nil {
+		return q, err
+	}
+	if q.Pod, err = netip.ParseAddr(args[1]); err != nil {
+		return q, fmt.Errorf("pod: %w", err)
+	}
+	if q.Peer, err = netip.ParseAddr(args[2]); err != nil {
+		return q, fmt.Errorf("peer: %w", err)
+	}
+	if q.Protocol, err = bpf.ParseProtocol(args[3]); err != nil {
+		return q, err
+	}
+	switch {
+	case portKnown(q.Protocol) && len(args) != 5:
+		return q, fmt.Errorf("protocol %s needs a port", args[3])
+	case !portKnown(q.Protocol) && len(args) == 5:
+		return q, fmt.Errorf("protocol %s has no ports", args[3])
+	case len(args) == 5:
+		port, err := strconv.ParseUint(args[4], 10, 16)
+		if err != nil || port == 0 {
+			return q, fmt.Errorf("port %q: want 1..65535", args[4])
+		}
+		q.Port = uint16(port)
+	}
+	return q, nil
+}
+
+// policyScriptCommands are the shell and script-test commands of the
+// network-policy maps: they read the kernel maps (not the tables), run the
+// verdict program on them, and inject faults.
+func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsOut {
+	podFlag := func(fs *pflag.FlagSet) { fs.String("pod", "", "Only the entries of this pod IP") }
+	podOf := func(s *script.State) (netip.Addr, error) {
+		v, err := s.Flags.GetString("pod")
+		if err != nil || v == "" {
+			return netip.Addr{}, err
+		}
+		return netip.ParseAddr(v)
+	}
+	judge := func(queries [][]string) (string, error) {
+		prog, err := bpf.LoadPolicyProgram(ops.Opened())
+		if err != nil {
+			return "", err
+		}
+		defer prog.Close()
+		var out strings.Builder
+		for _, args := range queries {
+			q, err := ParseVerdictQuery(args)
+			if err != nil {
+				return "", err
+			}
+			v, err := JudgePacket(prog, ops.Opened(), q)
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintln(&out, v)
+		}
+		return out.String(), nil
+	}
+
+	cmds := map[string]script.Cmd{
+		"policymap/policy-list": script.Command(
+			script.CmdUsage{
+				Summary: "List the network-policy maps, read from the kernel: \"map pod peer ports\" per entry",
+				Flags:   podFlag,
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				pod, err := podOf(s)
+				if err != nil {
+					return nil, err
+				}
+				return func(*script.State) (string, string, error) {
+					out, err := ListPolicyMaps(ops.Opened(), pod)
+					return out, "", err
+				}, nil
+			}),
+		"policymap/policy-cmp": policymap.CmpCommand("Wait until the kernel's network-policy maps list exactly as the file says (policymap/policy-list)",
+			"policy maps", podFlag, func(s *script.State) (string, error) {
+				pod, err := podOf(s)
+				if err != nil {
+					return "", err
+				}
+				return ListPolicyMaps(ops.Opened(), pod)
+			}),
+		"policymap/policy-verdict": script.Command(
+			script.CmdUsage{
+				Summary: "Run the policy verdict program on the kernel maps for a packet",
+				Args:    "direction pod peer protocol [port]",
+				Detail: []string{
+					"Prints ALLOW or DENY, the packet, and the entry that decided.",
+					"Example: policymap/policy-verdict egress 10.0.0.5 10.1.2.3 udp 53",
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				out, err := judge([][]string{args})
+				if err != nil {
+					return nil, err
+				}
+				return func(*script.State) (string, string, error) { return out, "", nil }, nil
+			}),
+		"policymap/policy-verdicts": script.Command(
+			script.CmdUsage{
+				Summary: "Run the policy verdict program for each packet of a file, one \"direction pod peer protocol [port]\" per line",
+				Args:    "file",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[0]))
+				if err != nil {
+					return nil, err
+				}
+				var queries [][]string
+				sc := bufio.NewScanner(bytes.NewReader(data))
+				for sc.Scan() {
+					if f := strings.Fields(sc.Text()); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+						queries = append(queries, f)
+					}
+				}
+				out, err := judge(queries)
+				if err != nil {
+					return nil, err
+				}
+				return func(*script.State) (string, string, error) { return out, "", nil }, nil
+			}),
+	}
+	maps.Copy(cmds, policymap.FaultCommands(ops, "policy map", "policymap/policy-fault-probability", "policymap/policy-fail-entry", policymap.FaultKeys{
+		Args:  2,
+		Usage: "pod peer",
+		Encode: func(args []string) ([]byte, error) {
+			pod, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return nil, err
+			}
+			peer, err := netip.ParsePrefix(args[1])
+			if err != nil {
+				return nil, err
+			}
+			return bpf.EncodePolicyKey(pod, peer)
+		},
+	}))
+	return hive.NewScriptCmds(cmds)
+}

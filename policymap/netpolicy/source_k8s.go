@@ -1,0 +1,240 @@
+package netpolicy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/cells/nodeips"
+)
+
+// policyK8sSource keeps policy-endpoints equal to the PolicyEndpoints of all
+// namespaces in the API server, restricted to the pods on this node.
+//
+// Node rule: a pod entry (spec.podSelectorEndpoints[]) is this node's when
+// its hostIP is one of this node's addresses: an address of an interface of
+// the agent's network namespace (loopback excluded), or the primary IP of
+// one of the node's ENIs (the enis table, when the ENI IPAM runs). Entries
+// without a hostIP, or of other nodes, are dropped; an object left without
+// pods is ignored (not in the table). The addresses are re-read on every
+// change and every --policy-endpoints-resync-interval.
+//
+// Each object goes through the same parser and validator as a file
+// (ParsePolicyEndpoints, on its JSON). An invalid object keeps its last
+// good version (none if it never was valid) and makes health Degraded. An
+// API error leaves the table as it is (Degraded, retried by the informer's
+// backoff). The table is initialized once the informer has synced and every
+// object has been valid.
+type policyK8sSource struct {
+	*policySource
+	client  *k8sclient.Client
+	nodeIPs statedb.Table[*nodeips.NodeIP]
+
+	mu       sync.Mutex
+	objects  map[string]*policyObject // last good version, by namespace/name
+	last     k8sclient.Snapshot
+	haveLast bool
+}
+
+// policyObject is the last good version of one object, unfiltered.
+type policyObject struct {
+	resourceVersion string
+	pe              *PolicyEndpoint
+}
+
+// checkPolicySource rejects --policy-endpoints-path together with an
+// enabled API client: the PolicyEndpoints come from one source only.
+func checkPolicySource(cfg PolicyConfig, client *k8sclient.Client) error {
+	if !cfg.EnableNetworkPolicy || client == nil || !client.IsEnabled() || cfg.PolicyEndpointsPath == DefaultPolicyConfig.PolicyEndpointsPath {
+		return nil
+	}
+	return fmt.Errorf("--policy-endpoints-path %s is set and the Kubernetes API server is enabled (%s): "+
+		"the PolicyEndpoints come from one source; drop --policy-endpoints-path to read them from the API server, "+
+		"or run without --k8s-kubeconfig-path outside a pod to read the directory",
+		cfg.PolicyEndpointsPath, client.Source())
+}
+
+func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
+	s.log.Info("Watching PolicyEndpoints in the API server", "node", s.client.NodeName(), "api-server", s.client.Host())
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		// The node's addresses change without a PolicyEndpoint event:
+		// re-evaluate on every change of node-ips and every resync.
+		t := time.NewTicker(s.resync)
+		defer t.Stop()
+		for {
+			txn := s.db.ReadTxn()
+			_, addrsChanged := s.nodeIPs.AllWatch(txn)
+			var initialized <-chan struct{} // nil (never ready) once initialized
+			if ok, watch := s.nodeIPs.Initialized(txn); !ok {
+				initialized = watch
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-addrsChanged:
+			case <-initialized:
+			case <-t.C:
+			}
+			s.mu.Lock()
+			if s.haveLast {
+				s.updateLocked(health, s.last)
+			}
+			s.mu.Unlock()
+		}
+	}()
+	s.client.Watch(ctx, k8sclient.PolicyEndpoints, "", nil, func(snap k8sclient.Snapshot) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.last, s.haveLast = snap, true
+		s.updateLocked(health, snap)
+	})
+	return nil
+}
+
+// addresses is the set of this node's addresses (see the node rule), once
+// node-ips is initialized: before that, no pod can be said not to be this
+// node's.
+func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
+	txn := s.db.ReadTxn()
+	if ok, _ := s.nodeIPs.Initialized(txn); !ok {
+		return nil, fmt.Errorf("waiting for the %s table (pending: %v)", nodeips.TableName, s.nodeIPs.PendingInitializers(txn))
+	}
+	return nodeips.Set(txn, s.nodeIPs), nil
+}
+
+func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapshot) {
+	if snap.Err != nil {
+		s.reportAPI(health, "API server error, keeping the PolicyEndpoints as they are, retrying", snap.Err)
+		return
+	}
+	addrs, err := s.addresses()
+	if err != nil {
+		s.reportAPI(health, "cannot tell the pods of this node, keeping the PolicyEndpoints as they are", err)
+		return
+	}
+	if s.objects == nil {
+		s.objects = map[string]*policyObject{}
+	}
+	var errs []error
+	complete := true // every object has a good version
+	current := map[string]*policyObject{}
+	for _, obj := range snap.Objects {
+		key := obj.GetNamespace() + "/" + obj.GetName()
+		last := s.objects[key]
+		if last != nil && last.resourceVersion == obj.GetResourceVersion() {
+			current[key] = last
+			continue
+		}
+		pe, err := parseAPIObject(key, obj.Object)
+		if err != nil {
+			errs = append(errs, err)
+			if last != nil {
+				current[key] = last
+			} else {
+				complete = false
+			}
+			continue
+		}
+		current[key] = &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}
+	}
+	s.objects = current
+
+	desired := map[string]*PolicyEndpoint{}
+	var warnings []string
+	for _, key := range sortedKeys(current) {
+		pe := podsOnNode(current[key].pe, addrs)
+		if pe == nil {
+			continue // no pod of this node
+		}
+		if extra := nodeWarnings(pe, s.node); len(extra) > 0 {
+			c := *pe
+			c.Warnings = append(slices.Clone(pe.Warnings), extra...)
+			pe = &c
+		}
+		for _, w := range pe.Warnings {
+			warnings = append(warnings, key+": "+w)
+		}
+		desired[key] = pe
+	}
+	changed := s.apply(desired, complete)
+	summary := fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(desired), len(current))
+	if w := strings.Join(warnings, "\n"); w != s.lastWarnings {
+		s.lastWarnings = w
+		for _, warning := range warnings {
+			s.log.Warn("PolicyEndpoint", "warning", warning)
+		}
+	}
+	if changed > 0 || summary != s.lastSummary {
+		s.log.Info("Applied PolicyEndpoints", "summary", summary, "rows-changed", changed)
+		s.lastSummary = summary
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.reportAPI(health, "invalid PolicyEndpoints, keeping their last good versions", err)
+		return
+	}
+	if s.lastErr != "" {
+		s.log.Info("PolicyEndpoints are valid and the API server answers again")
+		s.lastErr = ""
+	}
+	s.metrics.Success()
+	health.OK(summary)
+}
+
+func (s *policyK8sSource) reportAPI(health cell.Health, reason string, err error) {
+	s.metrics.Error()
+	if msg := reason + ": " + err.Error(); msg != s.lastErr {
+		s.lastErr = msg
+		s.log.Error("PolicyEndpoints: "+reason, "error", err)
+	}
+	health.Degraded("PolicyEndpoints: "+reason, err)
+}
+
+// parseAPIObject runs one object from the API server through the file
+// parser. Its File is "policyendpoints/<namespace>/<name>".
+func parseAPIObject(key string, obj map[string]any) (*PolicyEndpoint, error) {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("policyendpoints/%s: %w", key, err)
+	}
+	pes, err := ParsePolicyEndpoints("policyendpoints/"+key, data)
+	if err != nil {
+		return nil, err
+	}
+	if len(pes) != 1 {
+		return nil, fmt.Errorf("policyendpoints/%s: want one PolicyEndpoint, got %d", key, len(pes))
+	}
+	return pes[0], nil
+}
+
+// podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil
+// when none is. An object whose pods are all on this node is returned as is.
+func podsOnNode(pe *PolicyEndpoint, addrs map[netip.Addr]bool) *PolicyEndpoint {
+	var pods []PodEndpoint
+	for _, p := range pe.Pods {
+		if p.HostIP.IsValid() && addrs[p.HostIP] {
+			pods = append(pods, p)
+		}
+	}
+	switch len(pods) {
+	case 0:
+		return nil
+	case len(pe.Pods):
+		return pe
+	}
+	c := *pe
+	c.Pods = pods
+	return &c
+}
