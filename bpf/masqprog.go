@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -100,4 +101,30 @@ func frameTo(dst netip.Addr) []byte {
 	dst16 := dst.As16()
 	copy(ip[24:40], dst16[:])
 	return append(eth, ip...)
+}
+
+// MasqDecideModel is c/masq.c's decision computed in Go from the maps'
+// contents: NO_SNAT when the destination's family map has a prefix that
+// contains it, SNAT otherwise (also when that map is nil). The script tests
+// use it on fake maps, where no program can run.
+func MasqDecideModel(v4, v6 LookupMap, dst netip.Addr) (uint32, error) {
+	m := v4
+	if !dst.Is4() {
+		m = v6
+	}
+	if IsNil(m) {
+		return MasqSNAT, nil
+	}
+	key, err := EncodePrefix(netip.PrefixFrom(dst, dst.BitLen()))
+	if err != nil {
+		return 0, err
+	}
+	err = m.Lookup(key, make([]byte, m.ValueSize()))
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return MasqSNAT, nil
+	case err != nil:
+		return 0, fmt.Errorf("look up %s: %w", dst, err)
+	}
+	return MasqNoSNAT, nil
 }

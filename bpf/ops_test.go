@@ -38,9 +38,9 @@ func v4Entries(tb testing.TB, prefixes ...string) []*testEntry {
 	return out
 }
 
-func newFakeOps() (*Ops[*testEntry], *fakeMap, *fakeMap) {
-	v4 := newFakeMap(KeySizeV4, 1, 8)
-	v6 := newFakeMap(KeySizeV6, 1, 8)
+func newFakeOps() (*Ops[*testEntry], *FakeMap, *FakeMap) {
+	v4 := NewFakeMap(KeySizeV4, 1, 8)
+	v6 := NewFakeMap(KeySizeV6, 1, 8)
 	ops := NewOps[*testEntry](nil)
 	ops.SetMap(IPMasqV4MapName, v4)
 	ops.SetMap(IPMasqV6MapName, v6)
@@ -81,7 +81,7 @@ func TestUpdateBatchEveryEntryGetsItsOwnResult(t *testing.T) {
 }
 
 func TestUpdateBatchFullMap(t *testing.T) {
-	m := newFakeMap(KeySizeV4, 1, 3)
+	m := NewFakeMap(KeySizeV4, 1, 3)
 	ops := NewOps[*testEntry](nil)
 	ops.SetMap(IPMasqV4MapName, m)
 	batch := batchOf(v4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32", "10.0.0.4/32", "10.0.0.5/32")...)
@@ -172,7 +172,7 @@ func TestBatchCancelledContext(t *testing.T) {
 }
 
 // notSupportedMap refuses batch operations like an old kernel.
-type notSupportedMap struct{ *fakeMap }
+type notSupportedMap struct{ *FakeMap }
 
 func (notSupportedMap) BatchUpdate(any, any, *ebpf.BatchOptions) (int, error) {
 	return 0, ebpf.ErrNotSupported
@@ -185,7 +185,7 @@ func (notSupportedMap) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOp
 }
 
 func TestFallbackWithoutBatchAPI(t *testing.T) {
-	m := notSupportedMap{newFakeMap(KeySizeV4, 1, 8)}
+	m := notSupportedMap{NewFakeMap(KeySizeV4, 1, 8)}
 	ops := NewOps[*testEntry](nil)
 	ops.SetMap(IPMasqV4MapName, m)
 	bad := newTestEntry(IPMasqV4MapName, badPrefixLenKey(), IPMasqValue())
@@ -293,7 +293,7 @@ func TestSetMapConcurrentWithOps(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range 100 {
-			ops.SetMap(IPMasqV4MapName, newFakeMap(KeySizeV4, 1, 8))
+			ops.SetMap(IPMasqV4MapName, NewFakeMap(KeySizeV4, 1, 8))
 		}
 	}()
 	for range 100 {

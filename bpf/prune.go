@@ -134,3 +134,17 @@ func walkKeys(m Map, limit int) (batchBuf, error) {
 		prev = all[len(all)-keySize:]
 	}
 }
+
+// Keys returns every key of an LPM map, each in a slice of its own, for the
+// listings that read the kernel (script commands, enimasq-dbg).
+func Keys(m Map) ([][]byte, error) {
+	keys, err := listKeys(m)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, keys.len())
+	for i := range out {
+		out[i] = slices.Clone(keys.at(i))
+	}
+	return out, nil
+}

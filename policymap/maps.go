@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,18 +35,33 @@ type Maps[E bpf.Entry] struct {
 	ops     *bpf.ObservedOps[E]
 	metrics *metrics.MapOps
 	mu      sync.Mutex
-	maps    map[string]*ebpf.Map // the maps the cell opened, by name; under mu
-	pins    map[string]string    // their pin paths, by name; under mu
+	store   bpf.MapStore
+	maps    map[string]bpf.PinnedMap // the maps the cell opened, by name; under mu
+	pins    map[string]string        // their pin paths, by name; under mu
+}
+
+// MapsParams are what [NewMaps] needs from the hive.
+type MapsParams struct {
+	cell.In
+
+	Config Config
+	// Store is where the maps live: the kernel unless a test provides a
+	// fake (bpf.FakeStore).
+	Store bpf.MapStore `optional:"true"`
 }
 
 // NewMaps returns the maps of the named table, none open yet.
-func NewMaps[E bpf.Entry](cfg Config, table string) *Maps[E] {
+func NewMaps[E bpf.Entry](p MapsParams, table string) *Maps[E] {
+	cfg, store := p.Config, p.Store
+	if store == nil {
+		store = bpf.KernelStore{}
+	}
 	inner := bpf.NewOps[E](nil)
 	faults := bpf.NewFaultInjector[E](inner)
 	faults.SetProbability(cfg.BPFMapFaultProbability)
 	m := metrics.NewMapOps(table)
 	return &Maps[E]{inner: inner, faults: faults, ops: bpf.NewObservedOps[E](faults, m.Observe), metrics: m,
-		maps: map[string]*ebpf.Map{}, pins: map[string]string{}}
+		store: store, maps: map[string]bpf.PinnedMap{}, pins: map[string]string{}}
 }
 
 // CheckPins makes sure that the pin of every open map is the very map the
@@ -63,46 +79,31 @@ func (o *Maps[E]) CheckPins(log *slog.Logger) error {
 	var errs []error
 	for name, m := range o.maps {
 		path := o.pins[name]
-		pinned, err := ebpf.LoadPinnedMap(path, nil)
+		pinned, err := o.store.LoadPinned(path)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			log.Warn("Pin of a BPF map missing: pinning it again", "map", name, "path", path)
 		case err != nil:
 			log.Warn("Pin of a BPF map unreadable: replacing it", "map", name, "path", path, "error", err)
 		default:
-			ours, err1 := m.Info()
-			theirs, err2 := pinned.Info()
-			pinned.Close()
+			ourID, err1 := m.MapID()
+			theirID, err2 := pinned.MapID()
+			theirs := pinned.Describe()
+			if pinned != m {
+				pinned.Close()
+			}
 			if err := errors.Join(err1, err2); err != nil {
 				errs = append(errs, fmt.Errorf("check pin %s: %w", path, err))
 				continue
 			}
-			ourID, _ := ours.ID()
-			theirID, _ := theirs.ID()
 			if ourID == theirID {
 				continue
 			}
 			log.Warn("Another map is pinned in place of ours: replacing it", "map", name, "path", path,
-				"pinned", fmt.Sprintf("id=%d type=%s key=%d value=%d max=%d", theirID, theirs.Type, theirs.KeySize, theirs.ValueSize, theirs.MaxEntries),
-				"ours", fmt.Sprintf("id=%d", ourID))
+				"pinned", fmt.Sprintf("id=%d %s", theirID, theirs), "ours", fmt.Sprintf("id=%d", ourID))
 		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			errs = append(errs, fmt.Errorf("pin %s at %s: %w", name, path, err))
-			continue
-		}
-		// Remove whatever is at the path (another map's pin included), and
-		// forget our own pin path (Pin to the same path is a no-op), then
-		// pin our map there.
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove the pin at %s: %w", path, err))
-			continue
-		}
-		if err := m.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("unpin %s: %w", path, err))
-			continue
-		}
-		if err := m.Pin(path); err != nil {
-			errs = append(errs, fmt.Errorf("pin %s at %s (is a bpffs mounted at the bpf root?): %w", name, path, err))
+		if err := o.store.Pin(m, path); err != nil {
+			errs = append(errs, fmt.Errorf("pin %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -136,7 +137,7 @@ func TableMetrics[E interface {
 // Open opens (or creates) the pinned map and hands it to the operations.
 // Called from start hooks, before the reconciler runs.
 func (o *Maps[E]) Open(log *slog.Logger, spec *ebpf.MapSpec, dir string) error {
-	m, err := bpf.OpenPinned(log, spec, dir)
+	m, err := o.store.OpenPinned(log, spec, dir)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", spec.Name, err)
 	}
@@ -150,7 +151,7 @@ func (o *Maps[E]) Open(log *slog.Logger, spec *ebpf.MapSpec, dir string) error {
 
 // Opened is a copy of the open maps, for the shell and script commands,
 // which run concurrently with start and stop.
-func (o *Maps[E]) Opened() map[string]*ebpf.Map {
+func (o *Maps[E]) Opened() map[string]bpf.PinnedMap {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return maps.Clone(o.maps)

@@ -34,6 +34,16 @@ import (
 // cells. In the #! line, $WORK is the script's work dir. $BPFROOT is the
 // script's private bpffs (the --bpf-root).
 func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
+	run(t, pattern, PrivateBPFFS, newCells)
+}
+
+// RunWithoutBPFFS is Run with a plain directory as $BPFROOT, for cells
+// whose maps are fakes (bpf.FakeStore marks its pins with files there).
+func RunWithoutBPFFS(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
+	run(t, pattern, func(t testing.TB) string { return t.TempDir() }, newCells)
+}
+
+func run(t *testing.T, pattern string, bpfRootDir func(testing.TB) string, newCells func(t testing.TB) []cell.Cell) {
 	files, err := filepath.Glob(pattern)
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts match %s", pattern)
@@ -49,7 +59,7 @@ func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) 
 				t.Fatal(err)
 			}
 			work := t.TempDir()
-			bpfRoot := PrivateBPFFS(t)
+			bpfRoot := bpfRootDir(t)
 			s, err := script.NewState(ctx, work, []string{"WORK=" + work, "TMPDIR=" + t.TempDir(), "BPFROOT=" + bpfRoot})
 			if err != nil {
 				t.Fatal(err)

@@ -29,8 +29,8 @@ var Cell = cell.Group(
 	cell.Invoke(register),
 )
 
-func newMaps(cfg policymap.Config) *policymap.Maps[*Entry] {
-	return policymap.NewMaps[*Entry](cfg, TableName)
+func newMaps(p policymap.MapsParams) *policymap.Maps[*Entry] {
+	return policymap.NewMaps[*Entry](p, TableName)
 }
 
 type params struct {

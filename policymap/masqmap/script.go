@@ -63,18 +63,24 @@ func scriptCommands(masq *policymap.Maps[*Entry]) hive.ScriptCmdsOut {
 					return nil, script.ErrUsage
 				}
 				open := masq.Opened()
-				prog, err := bpf.LoadMasqDecision(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName])
-				if err != nil {
-					return nil, err
+				decide := func(a netip.Addr) (uint32, error) {
+					return bpf.MasqDecideModel(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName], a)
 				}
-				defer prog.Close()
+				if kernel, ok := bpf.KernelMaps(open); ok {
+					prog, err := bpf.LoadMasqDecision(kernel[bpf.IPMasqV4MapName], kernel[bpf.IPMasqV6MapName])
+					if err != nil {
+						return nil, err
+					}
+					defer prog.Close()
+					decide = prog.DecideAddr
+				}
 				var out strings.Builder
 				for _, a := range args {
 					addr, err := netip.ParseAddr(a)
 					if err != nil {
 						return nil, err
 					}
-					verdict, err := prog.DecideAddr(addr)
+					verdict, err := decide(addr)
 					if err != nil {
 						return nil, err
 					}

@@ -359,7 +359,7 @@ func BenchmarkPolicyOnePodChange(b *testing.B) {
 	entries := compileBench(pes)
 	h := startPolicyHarness(b, harnessOptions{})
 	counters := map[string]*countingMap{}
-	for name, m := range h.ops.Opened() {
+	for name, m := range h.kernelMaps() {
 		c := &countingMap{Map: m}
 		counters[name] = c
 		h.ops.Interpose(name, c)

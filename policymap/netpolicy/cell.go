@@ -52,8 +52,8 @@ var MapCells = cell.Group(
 	cell.Invoke(registerPolicyMaps),
 )
 
-func newMaps(cfg policymap.Config) *policymap.Maps[*PolicyMapEntry] {
-	return policymap.NewMaps[*PolicyMapEntry](cfg, PolicyMapEntriesTableName)
+func newMaps(p policymap.MapsParams) *policymap.Maps[*PolicyMapEntry] {
+	return policymap.NewMaps[*PolicyMapEntry](p, PolicyMapEntriesTableName)
 }
 
 type policySourceParams struct {

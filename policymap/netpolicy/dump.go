@@ -28,16 +28,18 @@ func (e KernelPolicyEntry) String() string {
 
 // ListPolicyMap returns the entries of the policy map name, sorted by pod
 // then peer. With a valid pod, only that pod's entries.
-func ListPolicyMap(name string, m *ebpf.Map, pod netip.Addr) ([]KernelPolicyEntry, error) {
+func ListPolicyMap(name string, m bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
 	_, fam, err := bpf.ParsePolicyMapName(name)
 	if err != nil {
 		return nil, err
 	}
+	keys, err := bpf.Keys(m)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	var out []KernelPolicyEntry
-	key := make([]byte, m.KeySize())
 	value := make([]byte, m.ValueSize())
-	iter := m.Iterate()
-	for iter.Next(&key, &value) {
+	for _, key := range keys {
 		p, peer, err := bpf.UnmarshalPolicyKey(fam, key)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -45,14 +47,16 @@ func ListPolicyMap(name string, m *ebpf.Map, pod netip.Addr) ([]KernelPolicyEntr
 		if pod.IsValid() && p != pod {
 			continue
 		}
+		if err := m.Lookup(key, value); errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue // deleted since the keys were listed
+		} else if err != nil {
+			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
+		}
 		v, err := bpf.UnmarshalPolicyValue(value)
 		if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
 		out = append(out, KernelPolicyEntry{Map: name, Pod: p, Peer: peer, Value: v})
-	}
-	if err := iter.Err(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	slices.SortFunc(out, func(a, b KernelPolicyEntry) int {
 		if c := a.Pod.Compare(b.Pod); c != 0 {
@@ -65,11 +69,11 @@ func ListPolicyMap(name string, m *ebpf.Map, pod netip.Addr) ([]KernelPolicyEntr
 
 // ListPolicyMaps lists the given maps (by name; nil maps are skipped) in
 // the order of bpf.PolicyMapNames, one "map pod peer ports" line per entry.
-func ListPolicyMaps(maps map[string]*ebpf.Map, pod netip.Addr) (string, error) {
+func ListPolicyMaps[M bpf.LookupMap](maps map[string]M, pod netip.Addr) (string, error) {
 	var out strings.Builder
 	for _, name := range bpf.PolicyMapNames {
-		m := maps[name]
-		if m == nil {
+		m, ok := maps[name]
+		if !ok || bpf.IsNil(m) {
 			continue
 		}
 		entries, err := ListPolicyMap(name, m, pod)
@@ -132,29 +136,20 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("%s %s by %s %s [%s]: %s", word, v.Query, v.Entry.Map, v.Entry.Peer, v.Entry.Value.String(), why)
 }
 
-// JudgePacket runs the policy program on a packet made from q and looks up
-// in maps (read from the kernel) the entry that decided. It fails if the
-// entry and the program disagree, which would mean the maps changed under
-// the run.
-func JudgePacket(prog *bpf.PolicyProgram, maps map[string]*ebpf.Map, q VerdictQuery) (Verdict, error) {
+// JudgePacket judges a packet made from q: it runs the policy program
+// (prog) and looks up in maps (read from the kernel) the entry that decided;
+// it fails if the entry and the program disagree, which would mean the maps
+// changed under the run. With a nil prog (fake maps: no program can run on
+// them) the entry decides alone, as the program would (c/policy.c): its
+// first port entry that matches allows, none denies, and a pod without a
+// matching key is allowed (no policy selects it).
+func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q VerdictQuery) (Verdict, error) {
 	fam := bpf.FamilyOf(q.Pod)
 	if bpf.FamilyOf(q.Peer) != fam {
 		return Verdict{}, fmt.Errorf("pod %s and peer %s: %w", q.Pod, q.Peer, bpf.ErrWrongFamily)
 	}
-	src, dst := q.Pod, q.Peer
-	if q.Direction == bpf.Ingress {
-		src, dst = q.Peer, q.Pod
-	}
-	frame, err := bpf.PolicyTestFrame(src, dst, uint8(q.Protocol), 40000, q.Port)
-	if err != nil {
-		return Verdict{}, err
-	}
-	res, err := prog.Run(q.Direction, frame)
-	if err != nil {
-		return Verdict{}, err
-	}
-	v := Verdict{Query: q, Result: res, Map: bpf.PolicyMapName(q.Direction, fam)}
-	if m := maps[v.Map]; m != nil {
+	v := Verdict{Query: q, Map: bpf.PolicyMapName(q.Direction, fam)}
+	if m, ok := maps[v.Map]; ok && !bpf.IsNil(m) {
 		entries, err := ListPolicyMap(v.Map, m, q.Pod)
 		if err != nil {
 			return Verdict{}, err
@@ -166,12 +161,32 @@ func JudgePacket(prog *bpf.PolicyProgram, maps map[string]*ebpf.Map, q VerdictQu
 			}
 		}
 	}
+	model := bpf.PolicyResult{Allow: true, Reason: bpf.PolicyNoPolicy, PortEntry: -1}
 	if v.Entry != nil {
-		want := v.Entry.Value.Match(q.Protocol, q.Port, portKnown(q.Protocol))
-		if (want >= 0) != res.Allow || want != res.PortEntry {
-			return v, fmt.Errorf("%s: the program says %+v, the pod's longest matching key %s says port entry %d: the map changed during the run?",
-				q, res, v.Entry, want)
+		i := v.Entry.Value.Match(q.Protocol, q.Port, portKnown(q.Protocol))
+		model = bpf.PolicyResult{Allow: i >= 0, Reason: bpf.PolicyDenied, PortEntry: i}
+		if i >= 0 {
+			model.Reason = bpf.PolicyAllowed
 		}
+	}
+	if prog == nil {
+		v.Result = model
+		return v, nil
+	}
+	src, dst := q.Pod, q.Peer
+	if q.Direction == bpf.Ingress {
+		src, dst = q.Peer, q.Pod
+	}
+	frame, err := bpf.PolicyTestFrame(src, dst, uint8(q.Protocol), 40000, q.Port)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if v.Result, err = prog.Run(q.Direction, frame); err != nil {
+		return Verdict{}, err
+	}
+	if v.Entry != nil && (v.Result.Allow != model.Allow || v.Result.PortEntry != model.PortEntry) {
+		return v, fmt.Errorf("%s: the program says %+v, the pod's longest matching key %s says port entry %d: the map changed during the run?",
+			q, v.Result, v.Entry, model.PortEntry)
 	}
 	return v, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -231,7 +232,7 @@ func (h *policyHarness) waitConverged(want []*PolicyMapEntry) {
 func (h *policyHarness) kernelEntries() []string {
 	h.tb.Helper()
 	var out []string
-	for name, m := range h.ops.Opened() {
+	for name, m := range h.kernelMaps() {
 		_, fam, err := bpf.ParsePolicyMapName(name)
 		if err != nil {
 			h.tb.Fatal(err)
@@ -262,7 +263,7 @@ func (h *policyHarness) rawKernelBytes() []byte {
 // program loads the verdict program on the harness's maps.
 func (h *policyHarness) program() *bpf.PolicyProgram {
 	h.tb.Helper()
-	prog, err := bpf.LoadPolicyProgram(h.ops.Opened())
+	prog, err := bpf.LoadPolicyProgram(h.kernelMaps())
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -286,4 +287,14 @@ func runPacket(tb testing.TB, prog *bpf.PolicyProgram, p packet) bpf.PolicyResul
 		tb.Fatal(err)
 	}
 	return res
+}
+
+// kernelMaps are the harness's maps, kernel maps (the harness runs as root).
+func (h *policyHarness) kernelMaps() map[string]*ebpf.Map {
+	h.tb.Helper()
+	maps, ok := bpf.KernelMaps(h.ops.Opened())
+	if !ok {
+		h.tb.Fatal("the harness's maps are not kernel maps")
+	}
+	return maps
 }

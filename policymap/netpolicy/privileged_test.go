@@ -66,7 +66,7 @@ func TestPrivilegedPolicyProgramMatchesOracle(t *testing.T) {
 					})
 					apply(min)
 					t.Fatalf("seed %d, %s node, scenario %d: packet %s: oracle allows=%t, the program says %+v\nminimal case:\n%s\nkernel maps:\n%s",
-						seed, name, i, p, want, runPacket(t, prog, p), min.render(), mustList(t, h.ops.Opened()))
+						seed, name, i, p, want, runPacket(t, prog, p), min.render(), mustList(t, h.kernelMaps()))
 				}
 			}
 			t.Logf("%d packets on %d random policies: the program on the reconciled maps agrees with the oracle", checked, scenarios)
@@ -103,7 +103,7 @@ func TestPrivilegedPolicySampleOnIPv4Node(t *testing.T) {
 	pod := netip.MustParseAddr("10.130.100.133")
 	h.waitConverged(CompilePod(pod, pes))
 
-	if _, ok := h.ops.Opened()[bpf.PolicyEgressV6MapName]; ok {
+	if _, ok := h.kernelMaps()[bpf.PolicyEgressV6MapName]; ok {
 		t.Error("a v6 map is open on an IPv4-only node")
 	}
 	for _, name := range []string{bpf.PolicyEgressV6MapName, bpf.PolicyIngressV6MapName} {
@@ -117,7 +117,7 @@ func TestPrivilegedPolicySampleOnIPv4Node(t *testing.T) {
 	}
 	n := 0
 	for _, name := range []string{bpf.PolicyEgressV4MapName, bpf.PolicyIngressV4MapName} {
-		m := h.ops.Opened()[name]
+		m := h.kernelMaps()[name]
 		key := make([]byte, m.KeySize())
 		value := make([]byte, m.ValueSize())
 		iter := m.Iterate()
@@ -185,7 +185,7 @@ func TestPrivilegedPolicyDualStackPod(t *testing.T) {
 	h.setEndpoints(pes)
 	v4, v6 := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")
 	h.waitConverged(append(CompilePod(v4, pes), CompilePod(v6, pes)...))
-	got := mustList(t, h.ops.Opened())
+	got := mustList(t, h.kernelMaps())
 	want := `enimasq_egress_v4 10.0.0.5 0.0.0.0/0 deny
 enimasq_egress_v4 10.0.0.5 10.0.0.0/8 tcp/80
 enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any
@@ -268,7 +268,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	newKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.8/32"))
 
 	h := startPolicyHarness(t, harnessOptions{})
-	rec := &recordingMap{Map: h.ops.Opened()[bpf.PolicyEgressV4MapName]}
+	rec := &recordingMap{Map: h.kernelMaps()[bpf.PolicyEgressV4MapName]}
 	h.ops.Interpose(bpf.PolicyEgressV4MapName, rec)
 	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
 		if bytes.Equal(key, failing) {
@@ -292,7 +292,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 		t.Errorf("the failing entry is %s", s)
 	}
 
-	kernel := mustList(t, h.ops.Opened())
+	kernel := mustList(t, h.kernelMaps())
 	if strings.Contains(kernel, "10.2.0.7/32") || !strings.Contains(kernel, "10.2.0.8/32 tcp/80") || strings.Contains(kernel, "172.16.0.0/12") {
 		t.Errorf("kernel maps:\n%s", kernel)
 	}
@@ -410,7 +410,7 @@ func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
 		},
 	})
 	time.Sleep(300 * time.Millisecond) // 15 prune intervals
-	if kernel := mustList(t, h.ops.Opened()); !strings.Contains(kernel, "10.9.0.0/16 any") {
+	if kernel := mustList(t, h.kernelMaps()); !strings.Contains(kernel, "10.9.0.0/16 any") {
 		t.Fatalf("the previous run's entries were pruned before the source was initialized:\n%s", kernel)
 	}
 	if ok, _ := h.entries.Initialized(h.db.ReadTxn()); ok {
@@ -420,7 +420,7 @@ func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
 	pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n"))
 	h.setEndpoints(pes)
 	deadline := time.Now().Add(10 * time.Second)
-	for strings.Contains(mustList(t, h.ops.Opened()), "10.9.0.0/16") {
+	for strings.Contains(mustList(t, h.kernelMaps()), "10.9.0.0/16") {
 		if time.Now().After(deadline) {
 			t.Fatal("the stale entry is never pruned")
 		}

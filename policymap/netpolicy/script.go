@@ -67,11 +67,15 @@ func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsO
 		return netip.ParseAddr(v)
 	}
 	judge := func(queries [][]string) (string, error) {
-		prog, err := bpf.LoadPolicyProgram(ops.Opened())
-		if err != nil {
-			return "", err
+		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
+		if kernel, ok := bpf.KernelMaps(ops.Opened()); ok {
+			p, err := bpf.LoadPolicyProgram(kernel)
+			if err != nil {
+				return "", err
+			}
+			defer p.Close()
+			prog = p
 		}
-		defer prog.Close()
 		var out strings.Builder
 		for _, args := range queries {
 			q, err := ParseVerdictQuery(args)

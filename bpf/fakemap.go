@@ -12,28 +12,38 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fakeMap is an in-memory stand-in for an LPM trie with the kernel's error
+// FakeMap is an in-memory stand-in for an LPM trie with the kernel's error
 // behaviour: EINVAL for a prefix length past the data, ENOSPC when full,
 // ENOENT (ErrKeyNotExist) when deleting a missing key, and batch operations
-// that stop at the first failing element. It lets the batch logic be tested
-// without root.
-type fakeMap struct {
+// that stop at the first failing element. It lets the batch logic, the
+// reconcilers and the script tests run without root (see [FakeStore]).
+type FakeMap struct {
 	mu         sync.Mutex
 	keySize    int
 	valueSize  int
 	maxEntries int
 	entries    map[string][]byte // canonical key -> value
+	spec       *ebpf.MapSpec     // what it was made from, if from a spec
+	id         uint32            // set by the FakeStore that made it
 }
 
-var _ Map = (*fakeMap)(nil)
+var _ Map = (*FakeMap)(nil)
 
-func newFakeMap(keySize, valueSize, maxEntries int) *fakeMap {
-	return &fakeMap{keySize: keySize, valueSize: valueSize, maxEntries: maxEntries, entries: map[string][]byte{}}
+// NewFakeMap returns an empty fake LPM trie of the given sizes.
+func NewFakeMap(keySize, valueSize, maxEntries int) *FakeMap {
+	return &FakeMap{keySize: keySize, valueSize: valueSize, maxEntries: maxEntries, entries: map[string][]byte{}}
 }
 
-func (f *fakeMap) KeySize() uint32    { return uint32(f.keySize) }
-func (f *fakeMap) ValueSize() uint32  { return uint32(f.valueSize) }
-func (f *fakeMap) MaxEntries() uint32 { return uint32(f.maxEntries) }
+// NewFakeMapFromSpec returns an empty fake LPM trie of spec's sizes.
+func NewFakeMapFromSpec(spec *ebpf.MapSpec) *FakeMap {
+	f := NewFakeMap(int(spec.KeySize), int(spec.ValueSize), int(spec.MaxEntries))
+	f.spec = spec.Copy()
+	return f
+}
+
+func (f *FakeMap) KeySize() uint32    { return uint32(f.keySize) }
+func (f *FakeMap) ValueSize() uint32  { return uint32(f.valueSize) }
+func (f *FakeMap) MaxEntries() uint32 { return uint32(f.maxEntries) }
 
 // elems returns the bytes of a []byte or a slice of byte arrays.
 func elems(v any) []byte {
@@ -47,7 +57,7 @@ func elems(v any) []byte {
 	return unsafe.Slice((*byte)(rv.UnsafePointer()), rv.Len()*int(rv.Type().Elem().Size()))
 }
 
-func (f *fakeMap) canonical(key []byte) (string, error) {
+func (f *FakeMap) canonical(key []byte) (string, error) {
 	if len(key) != f.keySize {
 		return "", fmt.Errorf("key of %d bytes: %w", len(key), unix.EINVAL)
 	}
@@ -59,7 +69,7 @@ func (f *fakeMap) canonical(key []byte) (string, error) {
 	return string(k), nil
 }
 
-func (f *fakeMap) put(key, value []byte) error {
+func (f *FakeMap) put(key, value []byte) error {
 	k, err := f.canonical(key)
 	if err != nil {
 		return err
@@ -71,7 +81,7 @@ func (f *fakeMap) put(key, value []byte) error {
 	return nil
 }
 
-func (f *fakeMap) del(key []byte) error {
+func (f *FakeMap) del(key []byte) error {
 	k, err := f.canonical(key)
 	if err != nil {
 		return err
@@ -83,7 +93,7 @@ func (f *fakeMap) del(key []byte) error {
 	return nil
 }
 
-func (f *fakeMap) Put(key, value any) error {
+func (f *FakeMap) Put(key, value any) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.put(elems(key), elems(value)); err != nil {
@@ -92,7 +102,7 @@ func (f *fakeMap) Put(key, value any) error {
 	return nil
 }
 
-func (f *fakeMap) Delete(key any) error {
+func (f *FakeMap) Delete(key any) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.del(elems(key)); err != nil {
@@ -101,7 +111,7 @@ func (f *fakeMap) Delete(key any) error {
 	return nil
 }
 
-func (f *fakeMap) BatchUpdate(keys, values any, _ *ebpf.BatchOptions) (int, error) {
+func (f *FakeMap) BatchUpdate(keys, values any, _ *ebpf.BatchOptions) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k, v := elems(keys), elems(values)
@@ -114,7 +124,7 @@ func (f *fakeMap) BatchUpdate(keys, values any, _ *ebpf.BatchOptions) (int, erro
 	return n, nil
 }
 
-func (f *fakeMap) BatchDelete(keys any, _ *ebpf.BatchOptions) (int, error) {
+func (f *FakeMap) BatchDelete(keys any, _ *ebpf.BatchOptions) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := elems(keys)
@@ -128,7 +138,7 @@ func (f *fakeMap) BatchDelete(keys any, _ *ebpf.BatchOptions) (int, error) {
 }
 
 // BatchLookup returns every key in one call, as a small trie would.
-func (f *fakeMap) BatchLookup(_ *ebpf.MapBatchCursor, keysOut, valuesOut any, _ *ebpf.BatchOptions) (int, error) {
+func (f *FakeMap) BatchLookup(_ *ebpf.MapBatchCursor, keysOut, valuesOut any, _ *ebpf.BatchOptions) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keys := f.sortedKeys()
@@ -142,7 +152,7 @@ func (f *fakeMap) BatchLookup(_ *ebpf.MapBatchCursor, keysOut, valuesOut any, _ 
 	return len(keys), fmt.Errorf("map batch lookup: %w", ebpf.ErrKeyNotExist)
 }
 
-func (f *fakeMap) NextKey(key, nextKeyOut any) error {
+func (f *FakeMap) NextKey(key, nextKeyOut any) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keys := f.sortedKeys()
@@ -161,7 +171,7 @@ func (f *fakeMap) NextKey(key, nextKeyOut any) error {
 	return nil
 }
 
-func (f *fakeMap) sortedKeys() []string {
+func (f *FakeMap) sortedKeys() []string {
 	keys := make([]string, 0, len(f.entries))
 	for k := range f.entries {
 		keys = append(keys, k)
@@ -170,8 +180,51 @@ func (f *fakeMap) sortedKeys() []string {
 	return keys
 }
 
+// Lookup copies into valueOut the value of the longest stored prefix that
+// contains key's prefix, as the kernel's lookup in an LPM trie does.
+func (f *FakeMap) Lookup(key, valueOut any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k, err := f.canonical(elems(key))
+	if err != nil {
+		return fmt.Errorf("lookup: %w", err)
+	}
+	best, bestLen := []byte(nil), -1
+	for stored, v := range f.entries {
+		if n := lpmLen(stored); n > bestLen && n <= lpmLen(k) && lpmCovers(stored, k) {
+			best, bestLen = v, n
+		}
+	}
+	if best == nil {
+		return fmt.Errorf("lookup: %w", ebpf.ErrKeyNotExist)
+	}
+	copy(elems(valueOut), best)
+	return nil
+}
+
+func lpmLen(key string) int { return int(binary.NativeEndian.Uint32([]byte(key[:prefixLenSize]))) }
+
+// lpmCovers says whether the prefix of stored holds the data of key.
+func lpmCovers(stored, key string) bool {
+	n := lpmLen(stored)
+	a, b := stored[prefixLenSize:], key[prefixLenSize:]
+	for i := 0; n > 0; i, n = i+1, n-8 {
+		mask := byte(0xff)
+		if n < 8 {
+			mask = byte(0xff) << (8 - n)
+		}
+		if a[i]&mask != b[i]&mask {
+			return false
+		}
+	}
+	return true
+}
+
+// Close does nothing: the fake lives while it is referenced.
+func (f *FakeMap) Close() error { return nil }
+
 // lookup returns the value stored at exactly key.
-func (f *fakeMap) lookup(key []byte) ([]byte, bool) {
+func (f *FakeMap) lookup(key []byte) ([]byte, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k, err := f.canonical(key)
@@ -182,7 +235,7 @@ func (f *fakeMap) lookup(key []byte) ([]byte, bool) {
 	return v, ok
 }
 
-func (f *fakeMap) len() int {
+func (f *FakeMap) len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.entries)
