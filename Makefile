@@ -5,7 +5,7 @@ BIN       := bin
 GOFLAGS_T ?= -race -count=1
 SAMPLES   ?= $(abspath test/testdata/samples)
 
-.PHONY: all build test bench demo generate docs check-fmt vet clean k8s-bins cilium-agent test-cilium
+.PHONY: all build test bench demo generate docs check-fmt vet clean k8s-bins cilium-agent test-cilium test-unprivileged
 
 all: build
 
@@ -40,7 +40,16 @@ k8s-bins:
 # missing (ENIMASQ_REQUIRE_K8S).
 test: check-fmt vet build k8s-bins
 	ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test $(GOFLAGS_T) -timeout 20m ./...
+	$(MAKE) test-unprivileged
 	$(MAKE) test-cilium
+
+# The same tests as an unprivileged user (nobody, no capabilities): every
+# txtar runs against the fakes (fake maps, fake netlink) and the privileged
+# tests skip. Run as root, which builds the test binaries; `go test ./...`
+# as any other user does the same.
+UNPRIVILEGED ?= setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all
+test-unprivileged: build
+	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 10m -exec '$(UNPRIVILEGED)' ./...
 
 # The Cilium module's tests: Cilium's agent command with enimasq's cells (every
 # flag once, 'cilium-agent hive' constructs) and a privileged test of

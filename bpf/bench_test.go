@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 const benchEntries = IPMasqMaxEntries
@@ -121,7 +123,7 @@ func timeInitialSync(b *testing.B, ops ReconcilerOps[*testEntry], entries []*tes
 // nothing, over the floor: the share of the table and the reconciler, which
 // no map operation can win back.
 func BenchmarkInitialSync16384(b *testing.B) {
-	mountBPFFS(b) // each benchmark has its own bpffs, like the agent's maps
+	celltest.MountBPFFS(b) // each benchmark has its own bpffs, like the agent's maps
 	var floor, statedbTime, opsTime, nopTime time.Duration
 	b.ResetTimer()
 	b.StopTimer()
@@ -194,7 +196,7 @@ func countKeys(b *testing.B, m Map) int {
 // A map operation is one element operation in the kernel (a batch of n
 // counts n; a dump counts its get-next-key and its lookup per entry).
 func BenchmarkOneChange(b *testing.B) {
-	mountBPFFS(b)
+	celltest.MountBPFFS(b)
 	entries, _, _ := benchEntrySet(b)
 
 	ours := &countingMap{Map: newBenchMap(b)}

@@ -5,10 +5,12 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 func TestPrivilegedPolicyProgram(t *testing.T) {
-	dir := GlobalsDir(mountBPFFS(t))
+	dir := GlobalsDir(celltest.MountBPFFS(t))
 	maps := map[string]*ebpf.Map{}
 	for _, d := range []Direction{Egress, Ingress} {
 		for _, f := range []Family{IPv4, IPv6} {
@@ -92,7 +94,7 @@ func TestPrivilegedPolicyProgram(t *testing.T) {
 }
 
 func TestPrivilegedPolicyProgramPlaceholderMaps(t *testing.T) {
-	requireRoot(t)
+	celltest.RequireRoot(t)
 	prog, err := LoadPolicyProgram(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 func TestPrivilegedKeysRoundTrip(t *testing.T) {
@@ -203,7 +205,7 @@ func TestPrivilegedPrune16384(t *testing.T) {
 }
 
 func TestPrivilegedOpenPinned(t *testing.T) {
-	dir := GlobalsDir(mountBPFFS(t))
+	dir := GlobalsDir(celltest.MountBPFFS(t))
 	var logBuf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logBuf, nil))
 
@@ -275,7 +277,7 @@ func TestPrivilegedOpenPinned(t *testing.T) {
 // Cilium reused) is kept as is: replacing it would strand a loaded datapath
 // on the old map. Any other difference still replaces it.
 func TestPrivilegedOpenPinnedKeepsMapWithoutReadOnlyProg(t *testing.T) {
-	dir := GlobalsDir(mountBPFFS(t))
+	dir := GlobalsDir(celltest.MountBPFFS(t))
 	var logBuf strings.Builder
 	log := slog.New(slog.NewTextHandler(&logBuf, nil))
 

@@ -14,6 +14,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // pruneSignal passes operations through and reports each finished Prune.
@@ -29,7 +31,7 @@ func (p *pruneSignal) Prune(ctx context.Context, txn statedb.ReadTxn, objects it
 }
 
 func TestPrivilegedReconcilerOneBadEntry(t *testing.T) {
-	dir := GlobalsDir(mountBPFFS(t))
+	dir := GlobalsDir(celltest.MountBPFFS(t))
 	v4 := openPinnedForTest(t, IPMasqV4Spec(), dir)
 	v6 := openPinnedForTest(t, IPMasqV6Spec(), dir)
 	ops := NewOps[*testEntry](map[string]*ebpf.Map{IPMasqV4MapName: v4, IPMasqV6MapName: v6})

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,37 +17,14 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
-	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
-
-// requireRoot skips tb unless it runs as root (BPF maps and mounts need it).
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root for BPF maps and a bpffs mount")
-	}
-}
-
-// mountBPFFS mounts a private bpffs in a temporary directory for tb.
-func mountBPFFS(tb testing.TB) string {
-	tb.Helper()
-	requireRoot(tb)
-	dir := tb.TempDir()
-	if err := unix.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
-		tb.Fatalf("mount bpffs on %s: %v", dir, err)
-	}
-	tb.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			tb.Errorf("unmount bpffs %s: %v", dir, err)
-		}
-	})
-	return dir
-}
 
 // openTestMap creates and pins a map of spec in a fresh bpffs.
 func openTestMap(tb testing.TB, spec *ebpf.MapSpec) *ebpf.Map {
 	tb.Helper()
-	return openPinnedForTest(tb, spec, GlobalsDir(mountBPFFS(tb)))
+	return openPinnedForTest(tb, spec, GlobalsDir(celltest.MountBPFFS(tb)))
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

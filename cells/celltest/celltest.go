@@ -107,13 +107,22 @@ func NewEngine(t testing.TB, args []string, extra ...cell.Cell) *script.Engine {
 	return &script.Engine{Cmds: cmds, Quiet: !testing.Verbose()}
 }
 
-// PrivateBPFFS mounts a bpffs in a temp dir for the test and unmounts it at
-// cleanup. Without root it returns a plain temp dir (no maps can be made).
+// PrivateBPFFS is a bpffs of t's own (MountBPFFS) when running as root, a
+// plain temporary directory otherwise (the cells then run on fakes, or
+// skip what needs the kernel).
 func PrivateBPFFS(t testing.TB) string {
-	dir := t.TempDir()
 	if os.Geteuid() != 0 {
-		return dir
+		return t.TempDir()
 	}
+	return MountBPFFS(t)
+}
+
+// MountBPFFS mounts a bpffs in a temporary directory for t, unmounted at
+// cleanup; t is skipped unless it runs as root.
+func MountBPFFS(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	dir := t.TempDir()
 	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
 		t.Fatalf("mount bpffs at %s: %s", dir, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 const (
@@ -130,7 +131,7 @@ func compileBench(pes []*PolicyEndpoint) []*PolicyMapEntry {
 // kernel takes to write that pod's entries with a batch update; x-floor is
 // their ratio: what compiling costs next to the least the kernel must do.
 func BenchmarkPolicyCompile(b *testing.B) {
-	requireRoot(b)
+	celltest.RequireRoot(b)
 	pes := benchObjects()
 	entries := compileBench(pes)
 	floor := rawBatchUpdate(b, entries)
@@ -186,7 +187,7 @@ func (h *policyHarness) waitAllDone(n int) {
 // that time over the floor, the raw batch update of the same pre-encoded
 // entries into empty maps.
 func BenchmarkPolicyFullSync(b *testing.B) {
-	requireRoot(b)
+	celltest.RequireRoot(b)
 	pes := benchObjects()
 	entries := compileBench(pes)
 	var floor, synced time.Duration
@@ -354,7 +355,7 @@ func rawChange(b *testing.B, m *ebpf.Map, before, after []*PolicyMapEntry) time.
 // write of the changed object into policy-endpoints until the kernel is in
 // step, over the raw kernel operations for those entries.
 func BenchmarkPolicyOnePodChange(b *testing.B) {
-	requireRoot(b)
+	celltest.RequireRoot(b)
 	pes := benchObjects()
 	entries := compileBench(pes)
 	h := startPolicyHarness(b, harnessOptions{})

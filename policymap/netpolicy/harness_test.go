@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,36 +19,12 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 )
-
-// requireRoot skips tb unless it runs as root (BPF maps, bpffs mounts).
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("privileged test: needs root (bpffs, BPF maps, BPF_PROG_TEST_RUN)")
-	}
-}
-
-// privateBPFFS mounts a bpffs in a temporary directory for tb.
-func privateBPFFS(tb testing.TB) string {
-	tb.Helper()
-	requireRoot(tb)
-	dir := tb.TempDir()
-	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
-		tb.Fatalf("mount bpffs at %s: %v", dir, err)
-	}
-	tb.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			tb.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
 
 // policyHarness is a running hive with the policy tables, the compiler and
 // the policy map reconciler on a private bpffs; the test plays the
@@ -75,13 +50,13 @@ type harnessOptions struct {
 
 func startPolicyHarness(tb testing.TB, o harnessOptions) *policyHarness {
 	tb.Helper()
-	requireRoot(tb)
+	celltest.RequireRoot(tb)
 	node := o.node
 	if !node.EnableIPv4 && !node.EnableIPv6 {
 		node.EnableIPv4 = true
 	}
 	if node.BPFRoot == "" {
-		node.BPFRoot = privateBPFFS(tb)
+		node.BPFRoot = celltest.MountBPFFS(tb)
 	}
 	if o.beforeStart != nil {
 		o.beforeStart(node.GlobalsDir())

@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -30,7 +31,7 @@ import (
 // evaluation of the NetworkPolicy semantics. On a failure the seed and a
 // minimal case (shrunk through the same pipeline) are printed.
 func TestPrivilegedPolicyProgramMatchesOracle(t *testing.T) {
-	requireRoot(t)
+	celltest.RequireRoot(t)
 	seed := propertySeed(t)
 	scenarios, packets := 400, 40
 	if testing.Short() {

@@ -40,6 +40,7 @@ import (
 	nodeTypes "github.com/cilium/cilium/pkg/node/types"
 	"github.com/cilium/cilium/pkg/option"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cmd/cilium-agent/ciliumlink"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
@@ -83,9 +84,7 @@ var (
 //     and adds another, while rules of other priorities, and of a pod the
 //     CiliumNode does not list yet, are untouched.
 func TestPrivilegedLinkedIntoCilium(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, ip rules and BPF maps")
-	}
+	celltest.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))
@@ -99,7 +98,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	for _, e := range []testENI{eni0, eni1, eni2} {
 		addENILink(t, nl, e)
 	}
-	bpfRoot := privateBPFFS(t)
+	bpfRoot := celltest.MountBPFFS(t)
 
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "ip-masq-agent", "config")
@@ -556,16 +555,6 @@ func addENILink(t *testing.T, nl *netlink.Handle, e testENI) {
 	if err := nl.LinkSetUp(peer); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func privateBPFFS(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount bpffs: %s", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
 }
 
 func writeFile(t *testing.T, path, data string) {
