@@ -360,7 +360,7 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 }
 
 func otherRules(t testing.TB, n *testNetNS) string {
-	all, err := n.AllRules()
+	all, err := allRules(n.H)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func otherRules(t testing.TB, n *testNetNS) string {
 }
 
 func ownRulesCount(t testing.TB, n *testNetNS) int {
-	all, err := n.AllRules()
+	all, err := allRules(n.H)
 	if err != nil {
 		t.Fatal(err)
 	}
