@@ -55,10 +55,7 @@ func (f *FakeNetlink) emit(c NetlinkChange, family int) {
 		s.mu.Lock()
 		s.pending = append(s.pending, c)
 		s.mu.Unlock()
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		notify(s.wake)
 	}
 }
 
@@ -89,9 +86,6 @@ func (s *fakeSubscription) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	notify(s.wake)
 	return nil
 }
