@@ -247,9 +247,9 @@ func registerReconcilers(p reconcilerParams) error {
 	if p.Settings.Off != "" {
 		return nil
 	}
-	if p.Netlink.notifications {
-		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings, ns: p.Netlink.ns,
-			subscribed: make(chan struct{})}
+	if p.Netlink.changes != nil {
+		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings,
+			changes: p.Netlink.changes, subscribed: make(chan struct{})}
 		if p.Settings.OwnsAllocations() {
 			repair.routes = p.Routes
 		}

@@ -8,12 +8,21 @@ import (
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
-// TestPrivilegedScript runs testdata/*.txtar, each in a fresh network
+// TestScript runs testdata/*.txtar on a FakeNetlink with links carrying the
+// sample ENIs' MACs: no root needed.
+func TestScript(t *testing.T) {
+	celltest.Run(t, "testdata/*.txtar", func(t testing.TB) []cell.Cell {
+		n := newFakeNetwork(t, false)
+		return testCells(n, n.Handle())
+	})
+}
+
+// TestPrivilegedScript runs the same scripts, each in a fresh network
 // namespace with links carrying the sample ENIs' MACs.
 func TestPrivilegedScript(t *testing.T) {
 	celltest.RequireRoot(t)
 	celltest.Run(t, "testdata/*.txtar", func(t testing.TB) []cell.Cell {
 		n := newTestNetNS(t, false)
-		return testCells(n, n.H)
+		return testCells(n, n.Handle())
 	})
 }

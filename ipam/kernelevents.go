@@ -12,14 +12,12 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // ruleRepair puts a rule or route of ours back as soon as someone else
-// deletes it, instead of at the next refresh: it listens to the kernel's
-// notifications in the agent's network namespace and, after a deletion,
+// deletes it, instead of at the next refresh: it listens to the change
+// notifications (NetlinkChanges: the kernel's in the agent's network
+// namespace, or a FakeNetlink's in tests) and, after a deletion,
 // marks Pending every Done row of eni-rules (eni-routes) whose rule (route)
 // the kernel no longer holds exactly; the reconciler adds it again. A link
 // that goes away takes its routes with it (the kernel sends no route
@@ -40,11 +38,11 @@ type ruleRepair struct {
 	routes   statedb.RWTable[*Route] // nil: routes are not ours (Cilium's IPAM)
 	nl       *nlHandle
 	settings Settings
-	ns       *netns.NsHandle // nil: the process's namespace
+	changes  NetlinkChanges
 
-	// subscribed is closed by subscribe; then sock is set, or subErr.
+	// subscribed is closed by subscribe; then sub is set, or subErr.
 	subscribed chan struct{}
-	sock       *nl.NetlinkSocket
+	sub        NetlinkSubscription
 	subErr     error
 }
 
@@ -52,43 +50,7 @@ type ruleRepair struct {
 // agent has started, no deletion goes unseen.
 func (r *ruleRepair) subscribe() {
 	defer close(r.subscribed)
-	groups := []uint{}
-	for _, fam := range r.nl.families {
-		if fam == unix.AF_INET {
-			groups = append(groups, unix.RTNLGRP_IPV4_RULE)
-			if r.routes != nil {
-				groups = append(groups, unix.RTNLGRP_IPV4_ROUTE)
-			}
-		} else {
-			groups = append(groups, unix.RTNLGRP_IPV6_RULE)
-			if r.routes != nil {
-				groups = append(groups, unix.RTNLGRP_IPV6_ROUTE)
-			}
-		}
-	}
-	if r.routes != nil {
-		groups = append(groups, unix.RTNLGRP_LINK)
-	}
-	var (
-		sock *nl.NetlinkSocket
-		err  error
-	)
-	if r.ns != nil {
-		sock, err = nl.SubscribeAt(*r.ns, netns.None(), unix.NETLINK_ROUTE, groups...)
-	} else {
-		sock, err = nl.Subscribe(unix.NETLINK_ROUTE, groups...)
-	}
-	if err == nil {
-		// A receive timeout lets the reader see the end of its context.
-		if err = sock.SetReceiveTimeout(&unix.Timeval{Usec: 100_000}); err != nil {
-			sock.Close()
-		}
-	}
-	if err != nil {
-		r.subErr = err
-		return
-	}
-	r.sock = sock
+	r.sub, r.subErr = r.changes.SubscribeChanges(r.nl.families, r.routes != nil)
 }
 
 // run reads the notifications until ctx ends.
@@ -99,13 +61,13 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		return nil
 	case <-r.subscribed:
 	}
-	if r.sock == nil {
+	if r.sub == nil {
 		// Not fatal: the refresh repairs, later.
 		health.Degraded("no kernel notifications: deleted rules and routes come back at the refresh only", r.subErr)
 		<-ctx.Done()
 		return nil
 	}
-	sock := r.sock
+	sub := r.sub
 
 	deleted := make(chan struct{}, 1)       // a rule went
 	routesChanged := make(chan struct{}, 1) // a route went, a link came or went
@@ -113,25 +75,22 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	go func() {
 		defer close(readerDone)
 		for ctx.Err() == nil {
-			msgs, _, err := sock.Receive()
+			changes, err := sub.Receive(ctx)
 			if err != nil {
-				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EWOULDBLOCK) || errors.Is(err, unix.EINTR) {
-					continue
+				if ctx.Err() == nil {
+					r.log.Warn("Rule notifications stopped; deleted rules come back at the refresh", "error", err)
 				}
-				if errors.Is(err, unix.ENOBUFS) {
-					// Notifications were lost: check everything.
-					notify(deleted)
-					notify(routesChanged)
-					continue
-				}
-				r.log.Warn("Rule notifications stopped; deleted rules come back at the refresh", "error", err)
 				return
 			}
-			for _, m := range msgs {
-				switch m.Header.Type {
-				case unix.RTM_DELRULE:
+			for _, c := range changes {
+				switch c {
+				case RuleDeleted:
 					notify(deleted)
-				case unix.RTM_DELROUTE, unix.RTM_NEWLINK, unix.RTM_DELLINK:
+				case RouteDeleted, LinkChanged, LinkDeleted:
+					notify(routesChanged)
+				case ChangesLost:
+					// Notifications were lost: check everything.
+					notify(deleted)
 					notify(routesChanged)
 				}
 			}
@@ -139,7 +98,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	}()
 	defer func() {
 		<-readerDone
-		sock.Close()
+		sub.Close()
 	}()
 
 	health.OK("Watching rule, route and link changes")

@@ -44,22 +44,25 @@ var _ Netlink = (*netlink.Handle)(nil)
 
 // NetlinkTarget makes the cell program another network namespace than the
 // process's own: tests and benchmarks provide it with a handle created by
-// netlink.NewHandleAt on a fresh namespace. An agent does not provide it.
+// netlink.NewHandleAt on a fresh namespace, or with a FakeNetlink
+// (FakeNetlink.Target). An agent does not provide it.
 type NetlinkTarget struct {
 	Handle Netlink
-	// NS is the namespace of Handle, for the kernel's notifications (nil:
-	// none are listened to, the refresh repairs).
+	// NS is the namespace of Handle, for the kernel's notifications (nil,
+	// and no Changes: none are listened to, the refresh repairs).
 	NS *netns.NsHandle
+	// Changes, if set, delivers the notifications of Handle's changes
+	// instead of the kernel (a FakeNetlink).
+	Changes NetlinkChanges
 }
 
 // nlHandle is the handle the cell's operations and script commands use.
 type nlHandle struct {
 	Netlink
 	families []int
-	// notifications says whether rule notifications can be listened to,
-	// and in which namespace (ns nil: the process's).
-	notifications bool
-	ns            *netns.NsHandle
+	// changes are the notifications of the handle's rules, routes and
+	// links (nil: none can be listened to).
+	changes NetlinkChanges
 }
 
 type netlinkParams struct {
@@ -82,7 +85,11 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		fams = append(fams, unix.AF_INET6)
 	}
 	if p.Target != nil {
-		return &nlHandle{Netlink: p.Target.Handle, families: fams, notifications: p.Target.NS != nil, ns: p.Target.NS}, nil
+		h := &nlHandle{Netlink: p.Target.Handle, families: fams, changes: p.Target.Changes}
+		if h.changes == nil && p.Target.NS != nil {
+			h.changes = kernelChanges{ns: p.Target.NS}
+		}
+		return h, nil
 	}
 	ns, err := netns.GetFromPath("/proc/self/ns/net")
 	if err != nil {
@@ -94,7 +101,7 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
 	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { h.Close(); return nil }})
-	return &nlHandle{Netlink: h, families: fams, notifications: true}, nil
+	return &nlHandle{Netlink: h, families: fams, changes: kernelChanges{}}, nil
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {

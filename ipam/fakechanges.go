@@ -1,0 +1,91 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+)
+
+// fakeSubscription is a subscription to a FakeNetlink's changes: an
+// unbounded queue (the fake loses no notification).
+type fakeSubscription struct {
+	f        *FakeNetlink
+	families []int
+	routes   bool
+
+	mu      sync.Mutex
+	pending []NetlinkChange
+	closed  bool
+	wake    chan struct{} // one signal covers every queued change
+}
+
+var errSubscriptionClosed = errors.New("fake netlink: subscription closed")
+
+// SubscribeChanges subscribes to the changes of the rules of families and,
+// with routes, of their routes and of links.
+func (f *FakeNetlink) SubscribeChanges(families []int, routes bool) (NetlinkSubscription, error) {
+	s := &fakeSubscription{f: f, families: slices.Clone(families), routes: routes, wake: make(chan struct{}, 1)}
+	f.mu.Lock()
+	f.subs[s] = struct{}{}
+	f.mu.Unlock()
+	return s, nil
+}
+
+// wants says whether the subscription's groups include the change (a
+// family of 0: a link's).
+func (s *fakeSubscription) wants(c NetlinkChange, family int) bool {
+	switch c {
+	case RuleAdded, RuleDeleted:
+		return slices.Contains(s.families, family)
+	case RouteAdded, RouteDeleted:
+		return s.routes && slices.Contains(s.families, family)
+	default:
+		return s.routes
+	}
+}
+
+// emit delivers a change to the subscriptions that want it; f.mu is held,
+// so every subscription sees the changes in the order they were made.
+func (f *FakeNetlink) emit(c NetlinkChange, family int) {
+	for s := range f.subs {
+		if !s.wants(c, family) {
+			continue
+		}
+		s.mu.Lock()
+		s.pending = append(s.pending, c)
+		s.mu.Unlock()
+		notify(s.wake)
+	}
+}
+
+func (s *fakeSubscription) Receive(ctx context.Context) ([]NetlinkChange, error) {
+	for {
+		s.mu.Lock()
+		changes, closed := s.pending, s.closed
+		s.pending = nil
+		s.mu.Unlock()
+		switch {
+		case len(changes) > 0:
+			return changes, nil
+		case closed:
+			return nil, errSubscriptionClosed
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.wake:
+		}
+	}
+}
+
+func (s *fakeSubscription) Close() error {
+	s.f.mu.Lock()
+	delete(s.f.subs, s)
+	s.f.mu.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	notify(s.wake)
+	return nil
+}
