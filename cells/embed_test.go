@@ -6,6 +6,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/ipam"
+
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -13,18 +16,19 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/cells"
-	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 // featureTables are the tables the feature cells register; each feature
 // issue adds its own.
-var featureTables = []string{"ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries"}
+var featureTables = []string{"node-ips", "ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries"}
 
 // TestFeaturesEmbedInAForeignHive builds the feature cells into a hive the way
 // a Cilium-based agent would: its own statedb, jobs and health, a job.Group
 // per module, and nodeconfig.Config from its own configuration. No enimasq
-// infrastructure cell is linked.
+// infrastructure cell is linked. The maps and the netlink of the ENI IPAM
+// are fakes (as the embedding agent's tests would have them), so it runs
+// as any user.
 func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 	opts := hive.DefaultOptions()
 	opts.ModulePrivateProviders = cell.ModulePrivateProviders{
@@ -38,11 +42,15 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 		cell.Provide(func() nodeconfig.Config {
 			return nodeconfig.Config{
 				EnableIPv4: true,
-				BPFRoot:    celltest.PrivateBPFFS(t),
+				BPFRoot:    t.TempDir(),
 				StateDir:   t.TempDir(),
 				IPAM:       nodeconfig.IPAM{Mode: nodeconfig.IPAMModeENI},
 			}
 		}),
+		cell.Provide(
+			func() bpf.MapStore { return bpf.NewFakeStore() },
+			func() *ipam.NetlinkTarget { return ipam.NewFakeNetlink().Target() },
+		),
 		cells.Features,
 		cell.Invoke(func(d *statedb.DB) { db = d }),
 	)
