@@ -19,11 +19,12 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
-	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 )
 
 const (

@@ -50,11 +50,11 @@ func (a *Allocator) followCilium(ctx context.Context, health cell.Health) error 
 			}
 		}
 		wtxn := a.db.WriteTxn(a.allocs)
-		tablesync.Sync(wtxn, a.allocs, desired,
-			func(al *Allocation) netip.Addr { return al.IP },
-			AllocationIPIndex.Query,
-			func(old, want *Allocation) bool { return *old == *want },
-			func(al *Allocation) *Allocation { return al })
+		tablesync.Rows[*Allocation, netip.Addr]{
+			Key:   func(al *Allocation) netip.Addr { return al.IP },
+			Query: AllocationIPIndex.Query,
+			Same:  func(old, want *Allocation) bool { return *old == *want },
+		}.Sync(wtxn, a.allocs, desired)
 		if a.restoreDone != nil {
 			a.restoreDone(wtxn)
 			a.restoreDone = nil

@@ -100,18 +100,20 @@ func (d *desiredJob) uninitialized(txn statedb.ReadTxn) <-chan struct{} {
 // rows that differ (compared without their status). New and changed rows
 // are inserted Pending. It returns the number of rows written or deleted.
 func DiffRules(wtxn statedb.WriteTxn, table statedb.RWTable[*Rule], desired []*Rule) int {
-	return tablesync.Sync(wtxn, table, desired,
-		func(r *Rule) RuleKey { return r.RuleKey },
-		RuleKeyIndex.Query,
-		(*Rule).sameDesired,
-		func(r *Rule) *Rule { row := r.Clone(); row.Status = reconciler.StatusPending(); return row })
+	return tablesync.Rows[*Rule, RuleKey]{
+		Key:    func(r *Rule) RuleKey { return r.RuleKey },
+		Query:  RuleKeyIndex.Query,
+		Same:   (*Rule).sameDesired,
+		Insert: func(r *Rule) *Rule { return r.Clone().SetStatus(reconciler.StatusPending()) },
+	}.Sync(wtxn, table, desired)
 }
 
 // DiffRoutes is DiffRules for routes.
 func DiffRoutes(wtxn statedb.WriteTxn, table statedb.RWTable[*Route], desired []*Route) int {
-	return tablesync.Sync(wtxn, table, desired,
-		func(r *Route) RouteKey { return r.RouteKey },
-		RouteKeyIndex.Query,
-		(*Route).sameDesired,
-		func(r *Route) *Route { row := r.Clone(); row.Status = reconciler.StatusPending(); return row })
+	return tablesync.Rows[*Route, RouteKey]{
+		Key:    func(r *Route) RouteKey { return r.RouteKey },
+		Query:  RouteKeyIndex.Query,
+		Same:   (*Route).sameDesired,
+		Insert: func(r *Route) *Route { return r.Clone().SetStatus(reconciler.StatusPending()) },
+	}.Sync(wtxn, table, desired)
 }

@@ -127,9 +127,9 @@ func (s *source) fail(health cell.Health, err error) {
 // DiffENIs makes table hold exactly enis, touching only the rows that
 // differ. It returns the number of rows inserted, changed or deleted.
 func DiffENIs(wtxn statedb.WriteTxn, table statedb.RWTable[*ENI], enis []*ENI) int {
-	return tablesync.Sync(wtxn, table, enis,
-		func(e *ENI) string { return e.ID },
-		ENIIDIndex.Query,
-		(*ENI).Equal,
-		func(e *ENI) *ENI { return e })
+	return tablesync.Rows[*ENI, string]{
+		Key:   func(e *ENI) string { return e.ID },
+		Query: ENIIDIndex.Query,
+		Same:  (*ENI).Equal,
+	}.Sync(wtxn, table, enis)
 }

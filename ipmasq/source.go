@@ -119,9 +119,9 @@ func Diff(wtxn statedb.WriteTxn, table statedb.RWTable[*CIDR], rows []CIDR) int 
 	for i := range rows {
 		desired[i] = &rows[i]
 	}
-	return tablesync.Sync(wtxn, table, desired,
-		func(c *CIDR) netip.Prefix { return c.Prefix },
-		PrefixIndex.Query,
-		func(old, want *CIDR) bool { return *old == *want },
-		func(c *CIDR) *CIDR { row := *c; return &row })
+	return tablesync.Rows[*CIDR, netip.Prefix]{
+		Key:   func(c *CIDR) netip.Prefix { return c.Prefix },
+		Query: PrefixIndex.Query,
+		Same:  func(old, want *CIDR) bool { return *old == *want },
+	}.Sync(wtxn, table, desired)
 }

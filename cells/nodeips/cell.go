@@ -114,8 +114,9 @@ func interfaceAddresses() ([]*NodeIP, error) {
 // within wtxn, writing only the difference. Each source calls it for its
 // own rows.
 func Sync(wtxn statedb.WriteTxn, table statedb.RWTable[*NodeIP], source string, addrs []*NodeIP) int {
-	return tablesync.SyncSubset(wtxn, table, table.List(wtxn, SourceIndex.Query(source)), addrs,
-		(*NodeIP).Key, KeyIndex.Query,
-		func(old, want *NodeIP) bool { return *old == *want },
-		func(n *NodeIP) *NodeIP { return n })
+	return tablesync.Rows[*NodeIP, Key]{
+		Key:   (*NodeIP).Key,
+		Query: KeyIndex.Query,
+		Same:  func(old, want *NodeIP) bool { return *old == *want },
+	}.SyncSubset(wtxn, table, table.List(wtxn, SourceIndex.Query(source)), addrs)
 }

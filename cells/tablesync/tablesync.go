@@ -10,45 +10,36 @@ import (
 	"github.com/cilium/statedb"
 )
 
-// Sync makes table hold exactly desired, within wtxn. key names a row and
-// query looks a key up in the table's primary index; same says whether an
-// existing row already is the desired one; insert returns the object to
-// insert for a desired row (the row itself, or a clone with a Pending
-// reconciler status). It returns the number of rows inserted, replaced or
-// deleted.
-func Sync[Obj any, K comparable](
-	wtxn statedb.WriteTxn,
-	table statedb.RWTable[Obj],
-	desired []Obj,
-	key func(Obj) K,
-	query func(K) statedb.Query[Obj],
-	same func(old, want Obj) bool,
-	insert func(Obj) Obj,
-) int {
-	return SyncSubset(wtxn, table, table.All(wtxn), desired, key, query, same, insert)
+// Rows says how the rows of a table are named, compared and written.
+type Rows[Obj any, K comparable] struct {
+	// Key names a row; Query looks a key up in the table's primary index.
+	Key   func(Obj) K
+	Query func(K) statedb.Query[Obj]
+	// Same says whether an existing row already is the desired one.
+	Same func(old, want Obj) bool
+	// Insert returns the object to insert for a desired row (a clone with a
+	// Pending reconciler status, say); nil inserts the row itself.
+	Insert func(Obj) Obj
 }
 
-// SyncSubset is [Sync] for the part of a table that existing lists (an index
-// query: the rows of one owner, of one pod): rows outside it are not
+// Sync makes table hold exactly desired, within wtxn. It returns the number
+// of rows inserted, replaced or deleted.
+func (r Rows[Obj, K]) Sync(wtxn statedb.WriteTxn, table statedb.RWTable[Obj], desired []Obj) int {
+	return r.SyncSubset(wtxn, table, table.All(wtxn), desired)
+}
+
+// SyncSubset is [Rows.Sync] for the part of a table that existing lists (an
+// index query: the rows of one owner, of one pod): rows outside it are not
 // touched. Every desired row must belong in it.
-func SyncSubset[Obj any, K comparable](
-	wtxn statedb.WriteTxn,
-	table statedb.RWTable[Obj],
-	existing iter.Seq2[Obj, statedb.Revision],
-	desired []Obj,
-	key func(Obj) K,
-	query func(K) statedb.Query[Obj],
-	same func(old, want Obj) bool,
-	insert func(Obj) Obj,
-) int {
+func (r Rows[Obj, K]) SyncSubset(wtxn statedb.WriteTxn, table statedb.RWTable[Obj], existing iter.Seq2[Obj, statedb.Revision], desired []Obj) int {
 	want := make(map[K]struct{}, len(desired))
 	for _, o := range desired {
-		want[key(o)] = struct{}{}
+		want[r.Key(o)] = struct{}{}
 	}
 	// Collect, then delete: the iterator is over the table being written.
 	var stale []Obj
 	for old := range existing {
-		if _, ok := want[key(old)]; !ok {
+		if _, ok := want[r.Key(old)]; !ok {
 			stale = append(stale, old)
 		}
 	}
@@ -57,10 +48,13 @@ func SyncSubset[Obj any, K comparable](
 	}
 	changed := len(stale)
 	for _, o := range desired {
-		if old, _, found := table.Get(wtxn, query(key(o))); found && same(old, o) {
+		if old, _, found := table.Get(wtxn, r.Query(r.Key(o))); found && r.Same(old, o) {
 			continue
 		}
-		table.Insert(wtxn, insert(o))
+		if r.Insert != nil {
+			o = r.Insert(o)
+		}
+		table.Insert(wtxn, o)
 		changed++
 	}
 	return changed

@@ -28,10 +28,11 @@ func TestSyncWritesOnlyTheDifference(t *testing.T) {
 	sync := func(rows ...*row) int {
 		wtxn := db.WriteTxn(table)
 		defer wtxn.Commit()
-		return Sync(wtxn, table, rows,
-			func(r *row) string { return r.Name }, nameIndex.Query,
-			func(old, want *row) bool { return *old == *want },
-			func(r *row) *row { return r })
+		return Rows[*row, string]{
+			Key:   func(r *row) string { return r.Name },
+			Query: nameIndex.Query,
+			Same:  func(old, want *row) bool { return *old == *want },
+		}.Sync(wtxn, table, rows)
 	}
 	revision := func(name string) statedb.Revision {
 		_, rev, ok := table.Get(db.ReadTxn(), nameIndex.Query(name))

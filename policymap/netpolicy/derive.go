@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // policyDeriver keeps policy-map-entries equal to the compilation of
@@ -140,30 +141,19 @@ func (d *policyDeriver) syncPod(wtxn statedb.WriteTxn, pod netip.Addr) int {
 	return syncEntries(wtxn, d.entries, pod, desired)
 }
 
+// entryRows are the policy-map-entries rows, as the deriver writes them:
+// compared without their status, new and changed ones Pending.
+var entryRows = tablesync.Rows[*PolicyMapEntry, PolicyEntryKey]{
+	Key:    (*PolicyMapEntry).Key,
+	Query:  PolicyEntryIndex.Query,
+	Same:   (*PolicyMapEntry).sameDesired,
+	Insert: func(e *PolicyMapEntry) *PolicyMapEntry { return e.SetStatus(reconciler.StatusPending()) },
+}
+
 // syncEntries makes the pod IP's entries in table equal to desired,
 // writing only what differs; new and changed entries are pending.
 func syncEntries(wtxn statedb.WriteTxn, table statedb.RWTable[*PolicyMapEntry], pod netip.Addr, desired []*PolicyMapEntry) int {
-	existing := map[PolicyEntryKey]*PolicyMapEntry{}
-	for e := range table.List(wtxn, PolicyEntryPodIndex.Query(pod)) {
-		existing[PolicyEntryKey{e.Map, e.Pod, e.Peer}] = e
-	}
-	written := 0
-	for _, e := range desired {
-		k := PolicyEntryKey{e.Map, e.Pod, e.Peer}
-		old, ok := existing[k]
-		delete(existing, k)
-		if ok && old.sameDesired(e) {
-			continue
-		}
-		e.Status = reconciler.StatusPending()
-		table.Insert(wtxn, e)
-		written++
-	}
-	for _, old := range existing {
-		table.Delete(wtxn, old)
-		written++
-	}
-	return written
+	return entryRows.SyncSubset(wtxn, table, table.List(wtxn, PolicyEntryPodIndex.Query(pod)), desired)
 }
 
 func sortedAddrs(set map[netip.Addr]struct{}) []netip.Addr {

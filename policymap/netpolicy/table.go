@@ -83,6 +83,8 @@ type PolicyEntryKey struct {
 	Peer netip.Prefix
 }
 
+func (e *PolicyMapEntry) Key() PolicyEntryKey { return PolicyEntryKey{e.Map, e.Pod, e.Peer} }
+
 var (
 	// PolicyEntryIndex is the primary index: map, pod, peer. As a string
 	// query: "map pod peer" ("enimasq_egress_v4 10.0.0.5 10.0.0.0/8").
