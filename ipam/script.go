@@ -5,15 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 	"github.com/spf13/pflag"
+
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/scriptcmd"
 )
 
 // KernelRules prints the kernel's rules with enimasq's protocol, one a line
@@ -98,86 +99,18 @@ func KernelRoutes(nl Netlink, families []int) (string, error) {
 	return b.String(), nil
 }
 
-// waitCmp polls list every 10ms until it prints the file's content.
-func waitCmp(s *script.State, what, file string, list func() (string, error)) error {
-	timeout, err := s.Flags.GetDuration("timeout")
-	if err != nil {
-		return err
-	}
-	want, err := os.ReadFile(s.Path(file))
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		got, err := list()
-		if err != nil {
-			return err
-		}
-		if got == string(want) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s do not match %s:\n%s", what, file, got)
-		}
-		select {
-		case <-s.Context().Done():
-			return s.Context().Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func timeoutFlag(fs *pflag.FlagSet) {
-	fs.Duration("timeout", 5*time.Second, "How long to wait for the kernel state to match")
-}
-
 // scriptCommands are the cell's shell and script-test commands: the kernel
 // state (not the tables) and the allocator.
 func scriptCommands(nl *nlHandle, alloc *Allocator) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"ipam/rules": script.Command(
-			script.CmdUsage{Summary: "List the kernel's ip rules with enimasq's protocol (" + fmt.Sprint(RTProto) + ")"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				return func(*script.State) (string, string, error) {
-					out, err := KernelRules(nl, nl.families)
-					return out, "", err
-				}, nil
-			}),
-		"ipam/rules-cmp": script.Command(
-			script.CmdUsage{
-				Summary: "Wait until the kernel's ip rules with enimasq's protocol list as the file says",
-				Args:    "file",
-				Flags:   timeoutFlag,
-				Detail:  []string{"The file has the format of ipam/rules."},
-			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 1 {
-					return nil, script.ErrUsage
-				}
-				return nil, waitCmp(s, "ip rules", args[0], func() (string, error) { return KernelRules(nl, nl.families) })
-			}),
-		"ipam/routes": script.Command(
-			script.CmdUsage{Summary: "List the kernel's routes with enimasq's protocol, in every table"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				return func(*script.State) (string, string, error) {
-					out, err := KernelRoutes(nl, nl.families)
-					return out, "", err
-				}, nil
-			}),
-		"ipam/routes-cmp": script.Command(
-			script.CmdUsage{
-				Summary: "Wait until the kernel's routes with enimasq's protocol list as the file says",
-				Args:    "file",
-				Flags:   timeoutFlag,
-				Detail:  []string{"The file has the format of ipam/routes."},
-			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 1 {
-					return nil, script.ErrUsage
-				}
-				return nil, waitCmp(s, "routes", args[0], func() (string, error) { return KernelRoutes(nl, nl.families) })
-			}),
+		"ipam/rules": scriptcmd.List("List the kernel's ip rules with enimasq's protocol ("+fmt.Sprint(RTProto)+")",
+			nil, func(*script.State) (string, error) { return KernelRules(nl, nl.families) }),
+		"ipam/rules-cmp": scriptcmd.Cmp("Wait until the kernel's ip rules with enimasq's protocol list as the file says (ipam/rules)",
+			"ip rules", nil, func(*script.State) (string, error) { return KernelRules(nl, nl.families) }),
+		"ipam/routes": scriptcmd.List("List the kernel's routes with enimasq's protocol, in every table",
+			nil, func(*script.State) (string, error) { return KernelRoutes(nl, nl.families) }),
+		"ipam/routes-cmp": scriptcmd.Cmp("Wait until the kernel's routes with enimasq's protocol list as the file says (ipam/routes)",
+			"routes", nil, func(*script.State) (string, error) { return KernelRoutes(nl, nl.families) }),
 		"ipam/allocate": script.Command(
 			script.CmdUsage{
 				Summary: "Allocate an IP for a pod and print the result (an error goes to stderr too)",

@@ -2,75 +2,12 @@ package policymap
 
 import (
 	"fmt"
-	"os"
 	"strconv"
-	"time"
 
 	"github.com/cilium/hive/script"
-	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
 )
-
-// WaitKernelMatches reads the kernel with list every 10 ms until it prints
-// what the script file says or the timeout passes. BPF maps have no change
-// notification to wait on.
-func WaitKernelMatches(s *script.State, file string, timeout time.Duration, what string, list func() (string, error)) error {
-	want, err := os.ReadFile(s.Path(file))
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		got, err := list()
-		if err != nil {
-			return err
-		}
-		if got == string(want) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s do not match %s:\n%s", what, file, got)
-		}
-		select {
-		case <-s.Context().Done():
-			return s.Context().Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// CmpCommand is the script command that waits until the kernel's maps, as
-// list prints them, equal a file: "<cmd> [flags] file". flags adds the
-// command's own flags to --timeout.
-func CmpCommand(summary, what string, flags func(*pflag.FlagSet), list func(s *script.State) (string, error)) script.Cmd {
-	return script.Command(
-		script.CmdUsage{
-			Summary: summary,
-			Args:    "file",
-			Flags: func(fs *pflag.FlagSet) {
-				if flags != nil {
-					flags(fs)
-				}
-				fs.Duration("timeout", 5*time.Second, "How long to wait for the maps to match")
-			},
-			Detail: []string{
-				"BPF maps have no change notification: the maps are read",
-				"every 10ms until they match the file (the format of the",
-				"list command) or the timeout passes.",
-			},
-		},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) != 1 {
-				return nil, script.ErrUsage
-			}
-			timeout, err := s.Flags.GetDuration("timeout")
-			if err != nil {
-				return nil, err
-			}
-			return nil, WaitKernelMatches(s, args[0], timeout, what, func() (string, error) { return list(s) })
-		})
-}
 
 // FaultKeys says how a fault-injection command names the keys it fails:
 // Args arguments a key (Usage shows them), made into the key by Encode.

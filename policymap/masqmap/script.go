@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/script"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
 )
 
@@ -39,15 +40,9 @@ func listIPMasq(masq *policymap.Maps[*Entry]) (string, error) {
 // the kernel maps (not the tables) and inject faults.
 func scriptCommands(masq *policymap.Maps[*Entry]) hive.ScriptCmdsOut {
 	cmds := map[string]script.Cmd{
-		"policymap/ipmasq-list": script.Command(
-			script.CmdUsage{Summary: "List the prefixes in cilium_ipmasq_v4 and cilium_ipmasq_v6, read from the kernel"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				return func(*script.State) (string, string, error) {
-					out, err := listIPMasq(masq)
-					return out, "", err
-				}, nil
-			}),
-		"policymap/ipmasq-cmp": policymap.CmpCommand("Wait until the kernel's ipmasq maps list exactly as the file says (policymap/ipmasq-list)",
+		"policymap/ipmasq-list": scriptcmd.List("List the prefixes in cilium_ipmasq_v4 and cilium_ipmasq_v6, read from the kernel",
+			nil, func(*script.State) (string, error) { return listIPMasq(masq) }),
+		"policymap/ipmasq-cmp": scriptcmd.Cmp("Wait until the kernel's ipmasq maps list exactly as the file says (policymap/ipmasq-list)",
 			"ipmasq maps", nil, func(*script.State) (string, error) { return listIPMasq(masq) }),
 		"policymap/masq-decide": script.Command(
 			script.CmdUsage{

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
 )
 
@@ -66,6 +67,13 @@ func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsO
 		}
 		return netip.ParseAddr(v)
 	}
+	listMaps := func(s *script.State) (string, error) {
+		pod, err := podOf(s)
+		if err != nil {
+			return "", err
+		}
+		return ListPolicyMaps(ops.Opened(), pod)
+	}
 	judge := func(queries [][]string) (string, error) {
 		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
 		if kernel, ok := bpf.KernelMaps(ops.Opened()); ok {
@@ -92,29 +100,10 @@ func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsO
 	}
 
 	cmds := map[string]script.Cmd{
-		"policymap/policy-list": script.Command(
-			script.CmdUsage{
-				Summary: "List the network-policy maps, read from the kernel: \"map pod peer ports\" per entry",
-				Flags:   podFlag,
-			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				pod, err := podOf(s)
-				if err != nil {
-					return nil, err
-				}
-				return func(*script.State) (string, string, error) {
-					out, err := ListPolicyMaps(ops.Opened(), pod)
-					return out, "", err
-				}, nil
-			}),
-		"policymap/policy-cmp": policymap.CmpCommand("Wait until the kernel's network-policy maps list exactly as the file says (policymap/policy-list)",
-			"policy maps", podFlag, func(s *script.State) (string, error) {
-				pod, err := podOf(s)
-				if err != nil {
-					return "", err
-				}
-				return ListPolicyMaps(ops.Opened(), pod)
-			}),
+		"policymap/policy-list": scriptcmd.List("List the network-policy maps, read from the kernel: \"map pod peer ports\" per entry",
+			podFlag, listMaps),
+		"policymap/policy-cmp": scriptcmd.Cmp("Wait until the kernel's network-policy maps list exactly as the file says (policymap/policy-list)",
+			"policy maps", podFlag, listMaps),
 		"policymap/policy-verdict": script.Command(
 			script.CmdUsage{
 				Summary: "Run the policy verdict program on the kernel maps for a packet",
