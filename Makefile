@@ -30,10 +30,10 @@ vet:
 	$(GO) vet ./...
 
 # kube-apiserver (k8s.io/kubernetes v1.37.2) and etcd (v3.6.16) for the tests
-# against a real API server (test/k8s), built from the Go module proxy once and
+# against a real API server (test/k8stest), built from the Go module proxy once and
 # cached in ~/.cache/enimasq/ (about 10 minutes the first time, then instant).
 k8s-bins:
-	GO=$(GO) test/k8s/apiserver-build/build.sh
+	GO=$(GO) test/k8stest/apiserver-build/build.sh
 
 # Privileged tests (TestPrivileged...) run when this runs as root. The tests
 # against a real API server fail instead of skipping when its binaries are

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -19,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/enimasq/enimasq/cells/k8sclient"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // healthRecorder is a cell.Health that keeps the last report.
@@ -196,8 +195,7 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 }
 
 func TestCiliumNodeSourceConflict(t *testing.T) {
-	kubeconfig := t.TempDir() + "/kubeconfig"
-	writeKubeconfigStub(t, kubeconfig)
+	kubeconfig := k8stest.UnreachableKubeconfig(t)
 	enabled, err := k8sclient.NewClient(k8sclient.Config{K8sKubeconfigPath: kubeconfig, K8sNodeName: "node-1"})
 	if err != nil {
 		t.Fatal(err)
@@ -218,19 +216,6 @@ func TestCiliumNodeSourceConflict(t *testing.T) {
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
 		}
-	}
-}
-
-func writeKubeconfigStub(t *testing.T, path string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // An agent restarted while the API server is down leaves the kernel state

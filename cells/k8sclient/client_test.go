@@ -5,7 +5,6 @@ import (
 	"context"
 	"maps"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +20,11 @@ import (
 
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/k8sclient"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 func TestNodeNameAndSource(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600)
+	kubeconfig := k8stest.UnreachableKubeconfig(t)
 
 	for _, tc := range []struct {
 		name     string
@@ -108,22 +100,9 @@ health 'k8s-client.*level=OK message=Disabled: no --k8s-kubeconfig-path and not 
 // $KUBECONFIG is its admin kubeconfig, and the k8s/... commands of k8stest
 // act on it.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txtar")
-	if err != nil || len(files) == 0 {
-		t.Fatal("no scripts")
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			c := k8stest.Start(t)
-			archive, err := txtar.ParseFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			shebang, _, _ := strings.Cut(strings.TrimPrefix(string(archive.Comment), "#!"), "\n")
-			args := strings.Fields(strings.ReplaceAll(shebang, "$KUBECONFIG", c.Kubeconfig))
-			runScript(t, file, c, string(archive.Comment), args...)
-		})
-	}
+	k8stest.Scripts(t, "testdata/*.txtar", func(t *testing.T, c *k8stest.Cluster, file string, archive *txtar.Archive, args []string) {
+		runScript(t, file, c, string(archive.Comment), args...)
+	})
 }
 
 func runScript(t *testing.T, file string, c *k8stest.Cluster, text string, args ...string) {

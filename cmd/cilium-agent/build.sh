@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Cilium v1.20.2's cilium-agent with enimasq's cells (this module) into
-# OUT (default bin/cilium-agent), and caches it the way test/k8s caches the
+# OUT (default bin/cilium-agent), and caches it the way test/k8stest caches the
 # API server: the binary is kept in ${XDG_CACHE_HOME:-~/.cache}/enimasq/
 # cilium-agent with a stamp holding the hash of both modules' go.mod and
 # go.sum and of every non-test Go source; an unchanged tree copies it in well

@@ -5,8 +5,6 @@ import (
 	"context"
 	"maps"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +26,7 @@ import (
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // TestPrivilegedK8sScripts runs testdata/k8s/*.txtar, each against its own
@@ -37,34 +35,21 @@ import (
 // and 192.168.0.3 (instead of the interfaces' addresses).
 func TestPrivilegedK8sScripts(t *testing.T) {
 	celltest.RequireRoot(t)
-	files, err := filepath.Glob("testdata/k8s/*.txtar")
-	if err != nil || len(files) == 0 {
-		t.Fatal("no scripts")
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			c := k8stest.Start(t)
-			archive, err := txtar.ParseFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			t.Cleanup(cancel)
-			work := t.TempDir()
-			s, err := script.NewState(ctx, work, []string{"WORK=" + work, "KUBECONFIG=" + c.Kubeconfig})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.ExtractFiles(archive); err != nil {
-				t.Fatal(err)
-			}
-			shebang, _, _ := strings.Cut(strings.TrimPrefix(string(archive.Comment), "#!"), "\n")
-			args := strings.Fields(strings.ReplaceAll(shebang, "$KUBECONFIG", c.Kubeconfig))
-			e := celltest.NewEngine(t, args, k8sclient.Cell, nodeips.Cell, testNodeIPs, ipmasq.Cell, policymap.Module(netpolicy.Cell))
-			maps.Copy(e.Cmds, c.ScriptCommands())
-			scripttest.Run(t, e, s, file, bytes.NewReader(archive.Comment))
-		})
-	}
+	k8stest.Scripts(t, "testdata/k8s/*.txtar", func(t *testing.T, c *k8stest.Cluster, file string, archive *txtar.Archive, args []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		t.Cleanup(cancel)
+		work := t.TempDir()
+		s, err := script.NewState(ctx, work, []string{"WORK=" + work, "KUBECONFIG=" + c.Kubeconfig})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ExtractFiles(archive); err != nil {
+			t.Fatal(err)
+		}
+		e := celltest.NewEngine(t, args, k8sclient.Cell, nodeips.Cell, testNodeIPs, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+		maps.Copy(e.Cmds, c.ScriptCommands())
+		scripttest.Run(t, e, s, file, bytes.NewReader(archive.Comment))
+	})
 }
 
 // testNodeIPs makes 192.168.0.1 and 192.168.0.3 this node's addresses, as
@@ -81,16 +66,7 @@ var testNodeIPs = cell.Invoke(func(db *statedb.DB, table statedb.RWTable[*nodeip
 // TestSourceConflictAtStart: --policy-endpoints-path with an enabled API
 // client stops the hive at start, naming both.
 func TestSourceConflictAtStart(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := k8stest.UnreachableKubeconfig(t)
 	h := infra.New(infra.Core, infra.NodeConfigCell, k8sclient.Cell, nodeips.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/enimasq/enimasq/cells/k8sclient"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // TestPolicyEndpointFileAndAPI: the same object read from a file and from
@@ -72,14 +72,7 @@ func TestPodsOnNode(t *testing.T) {
 }
 
 func TestPolicySourceConflict(t *testing.T) {
-	kubeconfig := t.TempDir() + "/kubeconfig"
-	os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600)
+	kubeconfig := k8stest.UnreachableKubeconfig(t)
 	enabled, err := k8sclient.NewClient(k8sclient.Config{K8sKubeconfigPath: kubeconfig, K8sNodeName: "node-1"})
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/enimasq/enimasq/cells/k8sclient"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 var samples = filepath.Join(k8stest.SourceDir(), "..", "testdata", "samples")

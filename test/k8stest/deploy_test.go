@@ -19,7 +19,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells"
 	"github.com/enimasq/enimasq/ipmasq"
-	k8stest "github.com/enimasq/enimasq/test/k8s"
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 var deployDir = filepath.Join(k8stest.SourceDir(), "..", "..", "Documentation", "deploy")

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/cilium/hive/script"
 	"github.com/spf13/pflag"
+	"golang.org/x/tools/txtar"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -184,4 +187,42 @@ func decodePath(path string) ([]*unstructured.Unstructured, error) {
 		return nil, fmt.Errorf("%s: %w", path, errors.New("no objects"))
 	}
 	return objs, nil
+}
+
+// Scripts calls run for each txtar file that matches pattern, in a subtest
+// with an API server of its own: args are the file's #! arguments, with
+// $KUBECONFIG replaced by the server's admin kubeconfig.
+func Scripts(t *testing.T, pattern string, run func(t *testing.T, c *Cluster, file string, archive *txtar.Archive, args []string)) {
+	files, err := filepath.Glob(pattern)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts match %s", pattern)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			c := Start(t)
+			archive, err := txtar.ParseFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shebang, _, _ := strings.Cut(strings.TrimPrefix(string(archive.Comment), "#!"), "\n")
+			run(t, c, file, archive, strings.Fields(strings.ReplaceAll(shebang, "$KUBECONFIG", c.Kubeconfig)))
+		})
+	}
+}
+
+// UnreachableKubeconfig writes a kubeconfig for an API server that never
+// answers (127.0.0.1:1) and returns its path.
+func UnreachableKubeconfig(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

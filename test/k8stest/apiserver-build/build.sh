@@ -2,8 +2,8 @@
 # Builds kube-apiserver (k8s.io/kubernetes v1.37.2) and etcd (v3.6.16) from
 # the Go module proxy for the tests in test/k8s, once, and caches them.
 #
-#   test/k8s/apiserver-build/build.sh        build what is missing or stale
-#   test/k8s/apiserver-build/build.sh -dir   print the cache directory
+#   test/k8stest/apiserver-build/build.sh        build what is missing or stale
+#   test/k8stest/apiserver-build/build.sh -dir   print the cache directory
 #
 # Cache: $ENIMASQ_K8S_BIN_DIR, else ${XDG_CACHE_HOME:-~/.cache}/enimasq/
 # k8s-v1.37.2-etcd-v3.6.16 (test/k8s computes the same path). Each binary has

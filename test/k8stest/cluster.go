@@ -1,7 +1,7 @@
 // Package k8stest runs a real Kubernetes API server for tests: etcd and
 // kube-apiserver, built from the Go module proxy by
-// test/k8s/apiserver-build/build.sh (`make k8s-bins`), on loopback with free
-// ports and temporary directories, with the CRDs of test/k8s/crds installed.
+// test/k8stest/apiserver-build/build.sh (`make k8s-bins`), on loopback with free
+// ports and temporary directories, with the CRDs of test/k8stest/crds installed.
 //
 //	c := k8stest.Start(t) // skips when the binaries are not built
 //	agentFlags := []string{"--k8s-kubeconfig-path=" + c.Kubeconfig}
@@ -88,13 +88,13 @@ func Binaries() (kubeAPIServer, etcd string, err error) {
 	kubeAPIServer, etcd = filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "etcd")
 	for _, bin := range []string{kubeAPIServer, etcd} {
 		if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {
-			return "", "", fmt.Errorf("%s is not built: run `make k8s-bins` (test/k8s/apiserver-build/build.sh, about 10 minutes the first time)", bin)
+			return "", "", fmt.Errorf("%s is not built: run `make k8s-bins` (test/k8stest/apiserver-build/build.sh, about 10 minutes the first time)", bin)
 		}
 	}
 	return kubeAPIServer, etcd, nil
 }
 
-// SourceDir is test/k8s in the source tree.
+// SourceDir is test/k8stest in the source tree.
 func SourceDir() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Dir(file)
