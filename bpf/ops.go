@@ -102,15 +102,11 @@ func (o *Ops[E]) snapshot() map[string]Map {
 
 // Update writes the entry into its map. An entry with no map name is skipped.
 func (o *Ops[E]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e E) error {
-	name := e.MapName()
-	if name == "" {
-		return nil
-	}
-	m, err := o.mapFor(name)
-	if err != nil {
+	m, err := o.mapOf(e)
+	if m == nil || err != nil {
 		return err
 	}
-	key, value := e.MapKey(), e.MapValue()
+	name, key, value := e.MapName(), e.MapKey(), e.MapValue()
 	if err := checkSizes(m, name, key, value); err != nil {
 		return err
 	}
@@ -123,15 +119,11 @@ func (o *Ops[E]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 // Delete removes the entry from its map. A key that is already gone is
 // success; an entry with no map name is skipped.
 func (o *Ops[E]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e E) error {
-	name := e.MapName()
-	if name == "" {
-		return nil
-	}
-	m, err := o.mapFor(name)
-	if err != nil {
+	m, err := o.mapOf(e)
+	if m == nil || err != nil {
 		return err
 	}
-	key := e.MapKey()
+	name, key := e.MapName(), e.MapKey()
 	if err := checkKeySize(m, name, key); err != nil {
 		return err
 	}
@@ -139,6 +131,15 @@ func (o *Ops[E]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 		return opError("delete", name, key, err)
 	}
 	return nil
+}
+
+// mapOf is the map of an entry: nil without an error for an entry with no
+// map name (skipped), an error when its map is not open.
+func (o *Ops[E]) mapOf(e E) (Map, error) {
+	if e.MapName() == "" {
+		return nil, nil
+	}
+	return o.mapFor(e.MapName())
 }
 
 func (o *Ops[E]) mapFor(name string) (Map, error) {

@@ -80,19 +80,37 @@ func TestUpdateBatchEveryEntryGetsItsOwnResult(t *testing.T) {
 	}
 }
 
+// TestUpdateBatchFullMap: in a map of 3 entries, a batch of 5 applies the
+// first 3 and fails the other 2 with ENOSPC, each on its own; on the fake
+// and (as root) on a kernel map.
 func TestUpdateBatchFullMap(t *testing.T) {
-	m := NewFakeMap(KeySizeV4, 1, 3)
-	ops := NewOps[*testEntry](nil)
-	ops.SetMap(IPMasqV4MapName, m)
-	batch := batchOf(v4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32", "10.0.0.4/32", "10.0.0.5/32")...)
-	ops.UpdateBatch(context.Background(), nil, batch)
-	for i, be := range batch {
-		if i < 3 && be.Result != nil {
-			t.Errorf("entry %d: %v", i, be.Result)
-		}
-		if i >= 3 && !errors.Is(be.Result, unix.ENOSPC) {
-			t.Errorf("entry %d: %v, want ENOSPC", i, be.Result)
-		}
+	for name, newMap := range map[string]func(t *testing.T) Map{
+		"fake":   func(*testing.T) Map { return NewFakeMap(KeySizeV4, 1, 3) },
+		"kernel": func(t *testing.T) Map { return openTestMap(t, LPMSpec("full_map", KeySizeV4, 1, 3)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newMap(t)
+			ops := NewOps[*testEntry](nil)
+			ops.SetMap("full_map", m)
+			var es []*testEntry
+			for _, p := range v4Prefixes(0, 5) {
+				key, _ := EncodePrefix(p)
+				es = append(es, newTestEntry("full_map", key, IPMasqValue()))
+			}
+			batch := batchOf(es...)
+			ops.UpdateBatch(context.Background(), nil, batch)
+			for i, be := range batch {
+				if i < 3 && be.Result != nil {
+					t.Errorf("entry %d: %v", i, be.Result)
+				}
+				if i >= 3 && !errors.Is(be.Result, unix.ENOSPC) {
+					t.Errorf("entry %d: %v, want ENOSPC", i, be.Result)
+				}
+			}
+			if keys, err := Keys(m); err != nil || len(keys) != 3 {
+				t.Errorf("map holds %d keys (%v), want 3", len(keys), err)
+			}
+		})
 	}
 }
 

@@ -94,29 +94,6 @@ func TestPrivilegedUpdateBatchRefusedKey(t *testing.T) {
 	}
 }
 
-func TestPrivilegedUpdateBatchFullMap(t *testing.T) {
-	m := openTestMap(t, LPMSpec("full_map", KeySizeV4, 1, 3))
-	ops := NewOps[*testEntry](map[string]*ebpf.Map{"full_map": m})
-	var es []*testEntry
-	for _, p := range v4Prefixes(0, 5) {
-		key, _ := EncodePrefix(p)
-		es = append(es, newTestEntry("full_map", key, IPMasqValue()))
-	}
-	batch := batchOf(es...)
-	ops.UpdateBatch(context.Background(), nil, batch)
-	for i, be := range batch {
-		if i < 3 && be.Result != nil {
-			t.Errorf("entry %d: %v", i, be.Result)
-		}
-		if i >= 3 && !errors.Is(be.Result, unix.ENOSPC) {
-			t.Errorf("entry %d: %v, want ENOSPC", i, be.Result)
-		}
-	}
-	if got := mapPrefixes(t, m); len(got) != 3 {
-		t.Errorf("map holds %v", got)
-	}
-}
-
 func TestPrivilegedDeleteBatchMissingKey(t *testing.T) {
 	m := openTestMap(t, IPMasqV4Spec())
 	ops := NewOps[*testEntry](map[string]*ebpf.Map{IPMasqV4MapName: m})

@@ -199,18 +199,7 @@ func registerDesired(p desiredParams) {
 		return
 	}
 	wtxn.Commit()
-	d := &desiredJob{
-		log:        p.Log,
-		db:         p.DB,
-		allocs:     p.Allocs,
-		enis:       p.ENIs,
-		cidrs:      p.CIDRs,
-		rules:      p.Rules,
-		routes:     p.Routes,
-		settings:   p.Settings,
-		rulesInit:  rulesInit,
-		routesInit: routesInit,
-	}
+	d := &desiredJob{desiredParams: p, rulesInit: rulesInit, routesInit: routesInit}
 	p.Jobs.Add(job.OneShot("derive-eni-rules-routes", d.run))
 }
 

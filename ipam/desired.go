@@ -3,7 +3,6 @@ package ipam
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 
 	"github.com/cilium/hive/cell"
@@ -11,7 +10,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/tablesync"
-	"github.com/enimasq/enimasq/ipmasq"
 )
 
 // desiredJob keeps eni-rules and eni-routes equal to ComputeDesired of the
@@ -21,21 +19,14 @@ import (
 // non-masquerade CIDR inserts one rule per pod and leaves every other row,
 // and so the kernel, alone.
 type desiredJob struct {
-	log      *slog.Logger
-	db       *statedb.DB
-	allocs   statedb.Table[*Allocation]
-	enis     statedb.Table[*ENI]
-	cidrs    statedb.Table[*ipmasq.CIDR]
-	rules    statedb.RWTable[*Rule]
-	routes   statedb.RWTable[*Route]
-	settings Settings
+	desiredParams
 
 	rulesInit, routesInit func(statedb.WriteTxn)
 }
 
 func (d *desiredJob) run(ctx context.Context, health cell.Health) error {
 	for {
-		rtxn := d.db.ReadTxn()
+		rtxn := d.DB.ReadTxn()
 
 		// Nothing is written before every input is loaded: a restart does
 		// not churn the kernel with rules computed from a partial state.
@@ -49,18 +40,18 @@ func (d *desiredJob) run(ctx context.Context, health cell.Health) error {
 			}
 		}
 
-		allocsIter, allocsWatch := d.allocs.AllWatch(rtxn)
-		enisIter, enisWatch := d.enis.AllWatch(rtxn)
-		cidrsIter, cidrsWatch := d.cidrs.AllWatch(rtxn)
+		allocsIter, allocsWatch := d.Allocs.AllWatch(rtxn)
+		enisIter, enisWatch := d.ENIs.AllWatch(rtxn)
+		cidrsIter, cidrsWatch := d.CIDRs.AllWatch(rtxn)
 		var nonMasq []netip.Prefix
 		for c := range cidrsIter {
 			nonMasq = append(nonMasq, c.Prefix)
 		}
-		desired := ComputeDesired(statedb.Collect(allocsIter), NewPool(statedb.Collect(enisIter)), nonMasq, d.settings)
+		desired := ComputeDesired(statedb.Collect(allocsIter), NewPool(statedb.Collect(enisIter)), nonMasq, d.Settings)
 
-		wtxn := d.db.WriteTxn(d.rules, d.routes)
-		nRules := DiffRules(wtxn, d.rules, desired.Rules)
-		nRoutes := DiffRoutes(wtxn, d.routes, desired.Routes)
+		wtxn := d.DB.WriteTxn(d.Rules, d.Routes)
+		nRules := DiffRules(wtxn, d.Rules, desired.Rules)
+		nRoutes := DiffRoutes(wtxn, d.Routes, desired.Routes)
 		if d.rulesInit != nil {
 			d.rulesInit(wtxn)
 			d.routesInit(wtxn)
@@ -68,7 +59,7 @@ func (d *desiredJob) run(ctx context.Context, health cell.Health) error {
 		}
 		wtxn.Commit()
 		if nRules+nRoutes > 0 {
-			d.log.Debug("Desired ip rules and routes changed", "rules-changed", nRules, "routes-changed", nRoutes,
+			d.Log.Debug("Desired ip rules and routes changed", "rules-changed", nRules, "routes-changed", nRoutes,
 				"rules", len(desired.Rules), "routes", len(desired.Routes))
 		}
 		health.OK(fmt.Sprintf("%d rules and %d routes desired", len(desired.Rules), len(desired.Routes)))
@@ -87,7 +78,7 @@ func (d *desiredJob) run(ctx context.Context, health cell.Health) error {
 // is initialized, or nil when all are.
 func (d *desiredJob) uninitialized(txn statedb.ReadTxn) <-chan struct{} {
 	for _, init := range []func(statedb.ReadTxn) (bool, <-chan struct{}){
-		d.enis.Initialized, d.allocs.Initialized, d.cidrs.Initialized,
+		d.ENIs.Initialized, d.Allocs.Initialized, d.CIDRs.Initialized,
 	} {
 		if ok, ch := init(txn); !ok {
 			return ch

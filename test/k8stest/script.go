@@ -37,6 +37,25 @@ func (c *Cluster) ScriptCommands() map[string]script.Cmd {
 
 const scriptTimeout = 60 * time.Second
 
+// eachObject calls do for every object of the files, in order, within the
+// script timeout; it stops at the first error.
+func eachObject(s *script.State, files []string, do func(context.Context, *unstructured.Unstructured) error) error {
+	ctx, cancel := context.WithTimeout(s.Context(), scriptTimeout)
+	defer cancel()
+	for _, f := range files {
+		objs, err := decodePath(s.Path(f))
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			if err := do(ctx, obj); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func (c *Cluster) applyCmd() script.Cmd {
 	return script.Command(
 		script.CmdUsage{
@@ -58,22 +77,13 @@ func (c *Cluster) applyCmd() script.Cmd {
 			if dry {
 				opts = append(opts, DryRun())
 			}
-			ctx, cancel := context.WithTimeout(s.Context(), scriptTimeout)
-			defer cancel()
-			for _, f := range args {
-				objs, err := decodePath(s.Path(f))
-				if err != nil {
-					return nil, err
-				}
-				for _, obj := range objs {
-					res, err := c.Apply(ctx, obj, opts...)
-					if err != nil {
-						return nil, err
-					}
+			return nil, eachObject(s, args, func(ctx context.Context, obj *unstructured.Unstructured) error {
+				res, err := c.Apply(ctx, obj, opts...)
+				if err == nil {
 					s.Logf("applied %s %s (resourceVersion %s)\n", res.GetKind(), name(res), res.GetResourceVersion())
 				}
-			}
-			return nil, nil
+				return err
+			})
 		})
 }
 
@@ -84,21 +94,13 @@ func (c *Cluster) deleteCmd() script.Cmd {
 			if len(args) == 0 {
 				return nil, script.ErrUsage
 			}
-			ctx, cancel := context.WithTimeout(s.Context(), scriptTimeout)
-			defer cancel()
-			for _, f := range args {
-				objs, err := decodePath(s.Path(f))
-				if err != nil {
-					return nil, err
-				}
-				for _, obj := range objs {
-					if err := c.Delete(ctx, obj); err != nil {
-						return nil, err
-					}
+			return nil, eachObject(s, args, func(ctx context.Context, obj *unstructured.Unstructured) error {
+				err := c.Delete(ctx, obj)
+				if err == nil {
 					s.Logf("deleted %s %s\n", obj.GetKind(), name(obj))
 				}
-			}
-			return nil, nil
+				return err
+			})
 		})
 }
 
