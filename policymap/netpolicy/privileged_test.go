@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -81,126 +79,6 @@ func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// TestPrivilegedPolicySampleOnIPv4Node: the sample PolicyEndpoint (an
-// egress ::/0 with excepts 100::/64 and fe80::/10) on an IPv4-only node.
-// Every key in the v4 maps is a valid v4 key from a v4 item, nothing comes
-// from an IPv6 item (fe80::/10, which the AWS agent turned into
-// 254.128.0.0/10, in particular), no v6 map exists, and the node warns that
-// the IPv6 rule is skipped.
-func TestPrivilegedPolicySampleOnIPv4Node(t *testing.T) {
-	data, err := os.ReadFile(samplePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pes, err := ParsePolicyEndpoints("sample.yaml", data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := nodeconfig.Config{EnableIPv4: true}
-	h := startPolicyHarness(t, harnessOptions{node: node})
-	h.setEndpoints(pes)
-	pod := netip.MustParseAddr("10.130.100.133")
-	h.waitConverged(CompilePod(pod, pes))
-
-	if _, ok := h.kernelMaps()[bpf.PolicyEgressV6MapName]; ok {
-		t.Error("a v6 map is open on an IPv4-only node")
-	}
-	for _, name := range []string{bpf.PolicyEgressV6MapName, bpf.PolicyIngressV6MapName} {
-		if _, err := os.Stat(filepath.Join(h.node.GlobalsDir(), name)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s is pinned: %v", name, err)
-		}
-	}
-	v4Items := map[netip.Prefix]bool{}
-	for _, s := range []string{"0.0.0.0/0", "10.130.112.20/32", "10.0.0.0/8", "10.130.0.0/16", "10.130.0.10/32"} {
-		v4Items[netip.MustParsePrefix(s)] = true
-	}
-	n := 0
-	for _, name := range []string{bpf.PolicyEgressV4MapName, bpf.PolicyIngressV4MapName} {
-		m := h.kernelMaps()[name]
-		key := make([]byte, m.KeySize())
-		value := make([]byte, m.ValueSize())
-		iter := m.Iterate()
-		for iter.Next(&key, &value) {
-			n++
-			if len(key) != bpf.PolicyKeySizeV4 {
-				t.Fatalf("%s key %x: %d bytes", name, key, len(key))
-			}
-			gotPod, peer, err := bpf.UnmarshalPolicyKey(bpf.IPv4, key) // checks 32 <= prefixlen <= 64
-			if err != nil {
-				t.Fatal(err)
-			}
-			if gotPod != pod || !v4Items[peer] {
-				t.Errorf("%s key %s %s does not come from a v4 item of the sample", name, gotPod, peer)
-			}
-			if netip.MustParsePrefix("254.128.0.0/10").Overlaps(peer) && peer.Bits() > 0 {
-				t.Errorf("%s key %s: fe80::/10 left a trace", name, peer)
-			}
-		}
-		if err := iter.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n != 6 {
-		t.Errorf("%d keys, want 6", n)
-	}
-	warnings := nodeWarnings(pes[0], node)
-	if !slices.Equal(warnings, []string{"spec.egress[2]: cidr ::/0: IPv6 is disabled on this node (--enable-ipv6=false): rule skipped with its 2 excepts"}) {
-		t.Errorf("node warnings %q", warnings)
-	}
-
-	prog := h.program()
-	for _, tc := range []struct {
-		peer  string
-		proto uint32
-		port  uint16
-		allow bool
-	}{
-		{"10.1.2.3", bpf.ProtocolUDP, 53, true},
-		{"10.130.5.5", bpf.ProtocolUDP, 53, false},
-		{"10.130.112.20", bpf.ProtocolTCP, 8080, true},
-		{"254.128.0.1", bpf.ProtocolTCP, 443, false},
-		{"10.130.0.10", bpf.ProtocolTCP, 10250, true},
-	} {
-		p := packet{Dir: bpf.Egress, Pod: pod, Peer: netip.MustParseAddr(tc.peer), Proto: tc.proto, Port: tc.port}
-		if res := runPacket(t, prog, p); res.Allow != tc.allow {
-			t.Errorf("%s: %+v, want allow=%t", p, res, tc.allow)
-		}
-	}
-}
-
-// TestPrivilegedPolicyDualStackPod: a pod listed with one podIP per family
-// (same name and namespace) gets both families programmed, each from its
-// own family's items.
-func TestPrivilegedPolicyDualStackPod(t *testing.T) {
-	pes := mustParse(t, pe("web", `  podIsolation: [Egress]
-  podSelectorEndpoints:
-  - {hostIP: 10.0.0.1, podIP: 10.0.0.5, name: web-0, namespace: ns}
-  - {hostIP: 'fd00::1', podIP: 'fd00::5', name: web-0, namespace: ns}
-  egress:
-  - {cidr: 10.0.0.0/8, except: ['fd00::/16', 10.1.0.0/16], ports: [{port: 80}]}
-  - {cidr: 'fd00::/8', except: ['fd00:1::/32', 10.2.0.0/16], ports: [{protocol: UDP, port: 53}]}
-`))
-	h := startPolicyHarness(t, harnessOptions{node: nodeconfig.Config{EnableIPv4: true, EnableIPv6: true}})
-	h.setEndpoints(pes)
-	v4, v6 := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")
-	h.waitConverged(append(CompilePod(v4, pes), CompilePod(v6, pes)...))
-	got := mustList(t, h.kernelMaps())
-	want := `enimasq_egress_v4 10.0.0.5 0.0.0.0/0 deny
-enimasq_egress_v4 10.0.0.5 10.0.0.0/8 tcp/80
-enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any
-enimasq_egress_v4 10.0.0.5 10.1.0.0/16 deny
-enimasq_egress_v6 fd00::5 ::/0 deny
-enimasq_egress_v6 fd00::5 fd00::/8 udp/53
-enimasq_egress_v6 fd00::5 fd00::1/128 any
-enimasq_egress_v6 fd00::5 fd00:1::/32 deny
-enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any
-enimasq_ingress_v6 fd00::5 ::/0 any
-`
-	if got != want {
-		t.Errorf("maps:\n%s\nwant:\n%s", got, want)
-	}
 }
 
 // recordingMap records the keys of the batch operations the reconciler
