@@ -6,9 +6,11 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -27,6 +29,9 @@ type CiliumNode struct {
 	ENIs []*ENI
 	// Warnings are accepted oddities (pool IPs of unknown ENIs, host bits).
 	Warnings []string
+	// Refused are the pool IPs that cannot be pod IPs, each with its field
+	// and why; the rest of the node is in use (see unusablePoolIP).
+	Refused []string
 }
 
 // PoolSize is the number of IPs handed out (on usable ENIs).
@@ -52,51 +57,6 @@ func (n *CiliumNode) Summary() string {
 		n.Name, len(n.ENIs), usable, n.FirstInterfaceIndex, n.PoolSize())
 }
 
-// The fields of a CiliumNode that enimasq reads; everything else is ignored
-// (the file is `kubectl get ciliumnode <node> -o yaml`).
-type ciliumNodeFile struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name string `json:"name"`
-	} `json:"metadata"`
-	Spec struct {
-		ENI struct {
-			FirstInterfaceIndex *int `json:"first-interface-index"`
-		} `json:"eni"`
-		IPAM struct {
-			Pool map[string]struct {
-				Resource string `json:"resource"`
-			} `json:"pool"`
-		} `json:"ipam"`
-	} `json:"spec"`
-	Status struct {
-		ENI struct {
-			ENIs map[string]eniStatus `json:"enis"`
-		} `json:"eni"`
-		IPAM struct {
-			Used map[string]struct {
-				Owner    string `json:"owner"`
-				Resource string `json:"resource"`
-			} `json:"used"`
-		} `json:"ipam"`
-	} `json:"status"`
-}
-
-type eniStatus struct {
-	ID     string `json:"id"`
-	IP     string `json:"ip"`
-	MAC    string `json:"mac"`
-	Number *int   `json:"number"`
-	Subnet struct {
-		CIDR string `json:"cidr"`
-	} `json:"subnet"`
-	VPC struct {
-		PrimaryCIDR string   `json:"primary-cidr"`
-		CIDRs       []string `json:"cidrs"`
-	} `json:"vpc"`
-}
-
 // ParseCiliumNode decodes a CiliumNode (YAML or JSON) and validates the
 // fields enimasq reads. Errors name the file, the field and the value.
 func ParseCiliumNode(path string, data []byte) (*CiliumNode, error) {
@@ -114,14 +74,14 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 	case len(data) > MaxCiliumNodeSize:
 		return nil, fmt.Errorf("file is larger than %d bytes", MaxCiliumNodeSize)
 	}
-	var f ciliumNodeFile
-	if err := yaml.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("not a CiliumNode: %w", err)
+	var f ciliumNodeObject
+	if err := decodeStrict(data, &f); err != nil {
+		return nil, err
 	}
 	if f.Kind != "" && f.Kind != "CiliumNode" {
 		return nil, fmt.Errorf("kind %q: want a single CiliumNode (kubectl get ciliumnode NODE -o yaml)", f.Kind)
 	}
-	n := &CiliumNode{Name: f.Metadata.Name}
+	n := &CiliumNode{Name: f.Name}
 	if fii := f.Spec.ENI.FirstInterfaceIndex; fii != nil {
 		if *fii < 0 {
 			return nil, fmt.Errorf("spec.eni.first-interface-index: %d is negative", *fii)
@@ -151,7 +111,18 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		byID[e.ID] = e
 	}
 
-	seen := map[netip.Addr]string{}
+	primaries := map[netip.Addr]string{}
+	for _, e := range byID {
+		if e.PrimaryIP.IsValid() {
+			primaries[e.PrimaryIP] = e.ID
+		}
+	}
+	listed := map[netip.Addr][]string{} // an IP under several spellings
+	for ipStr := range f.Spec.IPAM.Pool {
+		if ip, err := netip.ParseAddr(ipStr); err == nil {
+			listed[ip] = append(listed[ip], ipStr)
+		}
+	}
 	for _, ipStr := range slices.Sorted(maps.Keys(f.Spec.IPAM.Pool)) {
 		entry := f.Spec.IPAM.Pool[ipStr]
 		field := fmt.Sprintf("spec.ipam.pool[%s]", ipStr)
@@ -159,10 +130,6 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		if err != nil || ip.Zone() != "" || ip.Is4In6() {
 			return nil, fmt.Errorf("%s: %q is not an IP address", field, ipStr)
 		}
-		if other, dup := seen[ip]; dup {
-			return nil, fmt.Errorf("%s: %s is also listed as %q", field, ip, other)
-		}
-		seen[ip] = ipStr
 		if entry.Resource == "" {
 			return nil, fmt.Errorf("%s.resource: empty: the ENI holding the IP is not known", field)
 		}
@@ -171,8 +138,15 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: ENI %s is not in status.eni.enis: IP not used", field, entry.Resource))
 			continue
 		}
-		if !e.Subnet.Contains(ip) {
-			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: %s is outside the subnet %s of %s", field, ip, e.Subnet, e.ID))
+		why := unusablePoolIP(ip, e, primaries)
+		if spellings := listed[ip]; why == "" && len(spellings) > 1 {
+			slices.Sort(spellings)
+			why = fmt.Sprintf("listed %d times (%s): it would go to two pods", len(spellings), strings.Join(spellings, ", "))
+		}
+		if why != "" {
+			e.Refused = append(e.Refused, RefusedIP{IP: ip, Reason: why})
+			n.Refused = append(n.Refused, fmt.Sprintf("%s: %s refused: %s", field, ip, why))
+			continue
 		}
 		e.Pool = append(e.Pool, ip)
 	}
@@ -198,6 +172,7 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 	for _, e := range byID {
 		slices.SortFunc(e.Pool, netip.Addr.Compare)
 		slices.SortFunc(e.Used, func(a, b UsedIP) int { return a.IP.Compare(b.IP) })
+		slices.SortFunc(e.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 		n.ENIs = append(n.ENIs, e)
 	}
 	slices.SortFunc(n.ENIs, func(a, b *ENI) int {
@@ -207,7 +182,48 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		return cmp.Compare(a.ID, b.ID)
 	})
 	slices.Sort(n.Warnings)
+	slices.Sort(n.Refused)
 	return n, nil
+}
+
+// unusablePoolIP says why ip cannot be a pod IP on e ("" when it can): an
+// address no pod may have, or one the ENI's subnet or the node holds
+// already. A pod rule "from 0.0.0.0" or "from the gateway" would reroute
+// the node's own traffic.
+func unusablePoolIP(ip netip.Addr, e *ENI, primaries map[netip.Addr]string) string {
+	switch {
+	case ip.IsUnspecified():
+		return "the unspecified address"
+	case ip.IsLoopback():
+		return "a loopback address"
+	case ip.IsMulticast():
+		return "a multicast address"
+	case ip.IsLinkLocalUnicast():
+		return "a link-local address"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the broadcast address"
+	case !e.Subnet.Contains(ip):
+		return fmt.Sprintf("outside the subnet %s of %s", e.Subnet, e.ID)
+	case ip == e.Subnet.Addr():
+		return fmt.Sprintf("the network address of the subnet %s", e.Subnet)
+	case ip == e.Gateway:
+		return fmt.Sprintf("the gateway of the subnet %s", e.Subnet)
+	case ip.Is4() && ip == lastAddr(e.Subnet):
+		return fmt.Sprintf("the broadcast address of the subnet %s", e.Subnet)
+	case primaries[ip] != "":
+		return fmt.Sprintf("the primary IP of %s", primaries[ip])
+	}
+	return ""
+}
+
+// lastAddr is the last address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
@@ -275,4 +291,36 @@ func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
 		e.VPCCIDRs = append(e.VPCCIDRs, p.Masked())
 	}
 	return e, warnings, nil
+}
+
+// yamlDuplicate is how sigs.k8s.io/yaml reports a key given twice.
+var yamlDuplicate = regexp.MustCompile(`line (\d+): key (".*") already set in map`)
+
+// decodeStrict decodes YAML or JSON into v, as strictly as the API
+// server's strict field validation: a key given twice and a field v does
+// not have are errors that name them.
+func decodeStrict(data []byte, v any) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		if m := yamlDuplicate.FindAllStringSubmatch(err.Error(), -1); m != nil {
+			dups := make([]string, len(m))
+			for i, d := range m {
+				dups[i] = fmt.Sprintf("%s at line %s", d[2], d[1])
+			}
+			return fmt.Errorf("duplicate key %s: a key may be given once", strings.Join(dups, ", "))
+		}
+		return fmt.Errorf("not a CiliumNode: %w", err)
+	}
+	strict, err := sigsjson.UnmarshalStrict(js, v, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return fmt.Errorf("not a CiliumNode: %w", err)
+	}
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("%s (fields of cilium.io/v2 CiliumNode as of Cilium v1.20)", strings.Join(msgs, ", "))
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"slices"
@@ -169,6 +170,9 @@ func FuzzParseCiliumNode(f *testing.F) {
 				t.Fatalf("pool not sorted: %v", e.Pool)
 			}
 			for _, ip := range e.Pool {
+				if why := unusablePoolIP(ip, e, nil); why != "" {
+					t.Fatalf("%s handed out: %s", ip, why)
+				}
 				if seenIP[ip] {
 					t.Fatalf("%s on two ENIs", ip)
 				}
@@ -202,5 +206,91 @@ func TestParseCiliumNodeUsed(t *testing.T) {
 	if _, err := ParseCiliumNode("f", []byte(minimalNode+"  ipam:\n    used:\n      10.0.1.500: {owner: a/b, resource: eni-1}\n")); err == nil ||
 		!strings.Contains(err.Error(), `status.ipam.used[10.0.1.500]: "10.0.1.500" is not an IP address`) {
 		t.Errorf("bad used IP: %v", err)
+	}
+}
+
+// TestParseCiliumNodeRefusesUnusablePoolIPs: each class of address that no
+// pod may have is refused with its own reason, on the ENI's row and in the
+// CiliumNode's refusals; the ENI keeps its other pool IPs.
+func TestParseCiliumNodeRefusesUnusablePoolIPs(t *testing.T) {
+	const node = `
+spec:
+  ipam:
+    pool:
+      10.0.1.5: {resource: eni-1}
+      %s: {resource: eni-1}
+status:
+  eni:
+    enis:
+      eni-1: {id: eni-1, ip: 10.0.0.10, mac: "0a:58:0a:82:64:0a", number: 1, subnet: {cidr: 10.0.0.0/20}}
+      eni-2: {id: eni-2, ip: 10.0.16.10, mac: "0a:58:0a:82:64:0b", number: 2, subnet: {cidr: 10.0.16.0/20}}
+`
+	for _, tc := range []struct{ ip, why string }{
+		{"0.0.0.0", "the unspecified address"},
+		{"127.0.0.1", "a loopback address"},
+		{"224.0.0.1", "a multicast address"},
+		{"169.254.0.7", "a link-local address"},
+		{"255.255.255.255", "the broadcast address"},
+		{"10.0.32.7", "outside the subnet 10.0.0.0/20 of eni-1"},
+		{"10.0.0.0", "the network address of the subnet 10.0.0.0/20"},
+		{"10.0.0.1", "the gateway of the subnet 10.0.0.0/20"},
+		{"10.0.15.255", "the broadcast address of the subnet 10.0.0.0/20"},
+		{"10.0.0.10", "the primary IP of eni-1"},
+		{"'::'", "the unspecified address"},
+		{"'fe80::1'", "a link-local address"},
+	} {
+		t.Run(tc.ip, func(t *testing.T) {
+			n, err := ParseCiliumNode("node.yaml", []byte(fmt.Sprintf(node, tc.ip)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ip := netip.MustParseAddr(strings.Trim(tc.ip, "'"))
+			e := n.ENIs[0]
+			if want := []RefusedIP{{IP: ip, Reason: tc.why}}; !slices.Equal(e.Refused, want) {
+				t.Errorf("refused %v, want %v", e.Refused, want)
+			}
+			if !slices.Equal(e.Pool, []netip.Addr{netip.MustParseAddr("10.0.1.5")}) {
+				t.Errorf("pool %v: the good IP must stay, the bad one go", e.Pool)
+			}
+			want := fmt.Sprintf("spec.ipam.pool[%s]: %s refused: %s", ip, ip, tc.why)
+			if !slices.Equal(n.Refused, []string{want}) {
+				t.Errorf("refusals %q, want %q", n.Refused, want)
+			}
+			if row := strings.Join(e.TableRow(), " "); !strings.Contains(row, "refused "+ip.String()+" ("+tc.why+")") {
+				t.Errorf("the enis row does not say it: %s", row)
+			}
+		})
+	}
+	// One IP under two spellings: refused under both, as it could go to
+	// two pods.
+	n, err := ParseCiliumNode("node.yaml", []byte(strings.Replace(
+		"spec: {ipam: {pool: {'fd00::5': {resource: eni-1}, 'fd00:0::5': {resource: eni-1}}}}\n"+
+			"status: {eni: {enis: {eni-1: {mac: '0a:58:0a:82:64:0a', number: 1, subnet: {cidr: 'fd00::/64'}}}}}", "", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.ENIs[0].Pool) != 0 || len(n.Refused) != 2 || !strings.Contains(n.Refused[0], "listed 2 times (fd00:0::5, fd00::5)") {
+		t.Errorf("pool %v, refusals %q", n.ENIs[0].Pool, n.Refused)
+	}
+}
+
+// TestParseCiliumNodeStrict: a key given twice, or a field cilium.io/v2
+// does not have, is an error that names it (the whole file is refused: its
+// last good version stays in force).
+func TestParseCiliumNodeStrict(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"second status", minimalNode + "status: {}\n", `duplicate key "status" at line 10`},
+		{"pool IP twice", strings.Replace(minimalNode, "      10.0.1.5: {resource: eni-1}", "      10.0.1.5: {resource: eni-1}\n      10.0.1.5: {resource: eni-2}", 1), `duplicate key "10.0.1.5" at line 6`},
+		{"json duplicate", `{"spec": {}, "spec": {}}`, `duplicate key "spec" at line 1`},
+		{"unknown field", strings.Replace(minimalNode, "number: 0", "number: 0, nunber: 1", 1), `unknown field "status.eni.enis.eni-1.nunber"`},
+		{"unknown top level", minimalNode + "statos: {}\n", `unknown field "statos"`},
+		{"unknown metadata", "metadata: {name: node-1, nmae: node-2}\n" + minimalNode, `unknown field "metadata.nmae"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseCiliumNode("node.yaml", []byte(tc.in))
+			if err == nil || !strings.HasPrefix(err.Error(), "node.yaml: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want it to name the file and contain %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -56,7 +56,18 @@ type ENI struct {
 	// Skipped says why the ENI hands out no IPs ("" when it does):
 	// its number is below first-interface-index.
 	Skipped string `json:",omitempty"`
+	// Refused are the spec.ipam.pool IPs of this ENI that are not handed
+	// out, each with why (the unspecified address, the gateway, ...).
+	Refused []RefusedIP `json:",omitempty"`
 }
+
+// RefusedIP is a pool IP that cannot be a pod IP, and why.
+type RefusedIP struct {
+	IP     netip.Addr
+	Reason string
+}
+
+func (r RefusedIP) String() string { return r.IP.String() + " (" + r.Reason + ")" }
 
 // RouteTable is the ENI's route table: 10 + number.
 func (e *ENI) RouteTable() int { return RouteTableOffset + e.Number }
@@ -78,7 +89,7 @@ func (e *ENI) Equal(o *ENI) bool {
 	return e.ID == o.ID && e.Number == o.Number && e.MAC == o.MAC && e.PrimaryIP == o.PrimaryIP &&
 		e.Subnet == o.Subnet && e.Gateway == o.Gateway && e.VPCPrimaryCIDR == o.VPCPrimaryCIDR &&
 		slices.Equal(e.VPCCIDRs, o.VPCCIDRs) && slices.Equal(e.Pool, o.Pool) && slices.Equal(e.Used, o.Used) &&
-		e.Skipped == o.Skipped
+		e.Skipped == o.Skipped && slices.Equal(e.Refused, o.Refused)
 }
 
 // UsedIP is an IP of status.ipam.used: in use by owner (namespace/pod).
@@ -95,6 +106,13 @@ func (e *ENI) TableRow() []string {
 	state := "Usable"
 	if !e.Usable() {
 		state = "Skipped: " + e.Skipped
+	}
+	if len(e.Refused) > 0 {
+		refused := make([]string, len(e.Refused))
+		for i, r := range e.Refused {
+			refused[i] = r.String()
+		}
+		state += "; refused " + strings.Join(refused, ", ")
 	}
 	return []string{
 		e.ID, strconv.Itoa(e.Number), strconv.Itoa(e.RouteTable()), e.MAC, e.Subnet.String(), e.Gateway.String(),
