@@ -3,109 +3,200 @@ package netpolicy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"slices"
+	"reflect"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
+
+	"github.com/enimasq/enimasq/cells/errtext"
 )
 
-// Strict decoding of JSON values with errors that name the field path
-// (spec.egress[1].except[0]) and the value. YAML is turned into JSON first
-// (sigs.k8s.io/yaml, which refuses duplicate keys).
+// Strict decoding of JSON into the types of types.go, with errors that
+// name the field path (spec.egress[1].except[0]) and the value. YAML is
+// turned into JSON first (sigs.k8s.io/yaml, which refuses duplicate keys).
 
-// object decodes raw as a JSON object whose keys are all in known. A null
-// is an empty object.
-func object(path string, raw json.RawMessage, known ...string) (map[string]json.RawMessage, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return nil, fmt.Errorf("%s: value %s is not a mapping (fields: %s)", fieldName(path), quoteValue(raw), strings.Join(known, ", "))
+// decode reads js into v (a pointer to a type of types.go) the way the API
+// server does: field names are case-sensitive, and a duplicate or unknown
+// field is an error. base is js's path in the file.
+func decode(base *field.Path, js []byte, v any) field.ErrorList {
+	strict, err := kjson.UnmarshalStrict(js, v)
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		path, raw := locate(base, js, typeErr.Offset)
+		return field.ErrorList{field.TypeInvalid(path, raw, "is not "+describe(path, typeErr.Type))}
+	} else if err != nil { // js is valid JSON: not expected
+		return field.ErrorList{field.InternalError(base, err)}
 	}
-	for _, name := range sortedKeys(fields) {
-		if !slices.Contains(known, name) {
-			return nil, fmt.Errorf("%s: unknown field %q (known: %s)", fieldName(join(path, name)), name, strings.Join(known, ", "))
+	var errs field.ErrorList
+	for _, e := range strict {
+		var fe kjson.FieldError
+		if !errors.As(e, &fe) {
+			errs = append(errs, field.InternalError(base, e))
+			continue
+		}
+		path := fe.FieldPath()
+		if base != nil {
+			path = base.String() + "." + path
+		}
+		if strings.HasPrefix(e.Error(), "duplicate") {
+			errs = append(errs, &field.Error{Type: field.ErrorTypeDuplicate, Field: path})
+			continue
+		}
+		parent, name := splitPath(fe.FieldPath())
+		errs = append(errs, &field.Error{Type: field.ErrorTypeNotSupported, Field: path, BadValue: name,
+			Detail: strings.Join(fieldNames(reflect.TypeOf(v), parent), ", ")})
+	}
+	return errs
+}
+
+// locate finds the value a decoding error at offset of js is about: the
+// last value that starts before offset. It returns its path under base and
+// its text.
+func locate(base *field.Path, js []byte, offset int64) (*field.Path, json.RawMessage) {
+	type container struct {
+		path  *field.Path
+		array bool
+		n     int // values read (arrays), or keys and values read (objects)
+		key   string
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	var (
+		stack []*container
+		found = base
+		start int64
+	)
+	for {
+		pos := dec.InputOffset()
+		for pos < int64(len(js)) && strings.IndexByte(" \t\r\n,:", js[pos]) >= 0 {
+			pos++
+		}
+		tok, err := dec.Token()
+		if err != nil || pos >= offset {
+			break
+		}
+		if tok == json.Delim('}') || tok == json.Delim(']') {
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		path := base
+		if len(stack) > 0 {
+			c := stack[len(stack)-1]
+			c.n++
+			switch {
+			case c.array:
+				path = c.path.Index(c.n - 1)
+			case c.n%2 == 1: // a key
+				c.key, _ = tok.(string)
+				continue
+			default:
+				path = c.path.Child(c.key)
+			}
+		}
+		found, start = path, pos
+		if tok == json.Delim('{') || tok == json.Delim('[') {
+			stack = append(stack, &container{path: path, array: tok == json.Delim('[')})
 		}
 	}
-	for name, v := range fields {
-		if isNull(v) {
-			delete(fields, name)
+	var raw json.RawMessage
+	_ = json.NewDecoder(bytes.NewReader(js[start:])).Decode(&raw)
+	return found, raw
+}
+
+// describe says what a field holds, for a value of the wrong type.
+func describe(path *field.Path, t reflect.Type) string {
+	_, name := splitPath(path.String())
+	switch name {
+	case "podIsolation":
+		return "a list of policy types (Ingress, Egress)"
+	case "except":
+		return "a list of CIDRs"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice:
+		return "a list"
+	default:
+		return "a mapping"
+	}
+}
+
+// splitPath splits "spec.egress[0].cidrs" into "spec.egress[0]" and "cidrs".
+func splitPath(path string) (parent, name string) {
+	if i := strings.LastIndexByte(path, '.'); i >= 0 {
+		return path[:i], path[i+1:]
+	}
+	return "", path
+}
+
+// fieldNames lists the JSON fields of the struct at path (list indices
+// ignored) in t.
+func fieldNames(t reflect.Type, path string) []string {
+	var names []string
+	for _, name := range append(strings.Split(path, "."), "") {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		name, _, _ = strings.Cut(name, "[")
+		names = names[:0]
+		for _, f := range reflect.VisibleFields(t) {
+			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if tag == name {
+				t = f.Type
+			}
+			names = append(names, tag)
 		}
 	}
-	return fields, nil
+	return names
 }
 
-// list decodes raw as a JSON array. A null is an empty list.
-func list(path string, raw json.RawMessage, what string) ([]json.RawMessage, error) {
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, fmt.Errorf("%s: value %s is not a list of %s", fieldName(path), quoteValue(raw), what)
+// formatErrors writes errs as the docs show them:
+//
+//	field spec.egress[1].ports[0].port: value "http" is not an integer
+func formatErrors(errs field.ErrorList) error {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		name := "field " + e.Field
+		if e.Field == "<nil>" {
+			name = "top level"
+		}
+		switch e.Type {
+		case field.ErrorTypeRequired:
+			msgs[i] = name + " is missing"
+			if e.Detail != "" {
+				msgs[i] += ": " + e.Detail
+			}
+		case field.ErrorTypeDuplicate:
+			msgs[i] = name + " is given twice"
+		case field.ErrorTypeNotSupported:
+			msgs[i] = fmt.Sprintf("%s: unknown field %q (known: %s)", name, e.BadValue, e.Detail)
+		case field.ErrorTypeInternal:
+			msgs[i] = name + ": " + e.Detail
+		default:
+			msgs[i] = fmt.Sprintf("%s: value %s %s", name, showValue(e.BadValue), e.Detail)
+		}
 	}
-	return items, nil
+	return errors.New(strings.Join(msgs, "; "))
 }
 
-// str decodes raw as a JSON string.
-func str(path string, raw json.RawMessage) (string, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", fmt.Errorf("%s: value %s is not a string", fieldName(path), quoteValue(raw))
+func showValue(v any) string {
+	switch v := v.(type) {
+	case json.RawMessage:
+		return errtext.Value(v)
+	case string:
+		return fmt.Sprintf("%q", v)
 	}
-	return s, nil
-}
-
-// integer decodes raw as a JSON integer in [lo, hi]. A quoted number is not
-// an integer.
-func integer(path string, raw json.RawMessage, lo, hi int64) (int64, error) {
-	trimmed := bytes.TrimSpace(raw)
-	var n json.Number
-	if len(trimmed) == 0 || trimmed[0] == '"' || json.Unmarshal(trimmed, &n) != nil {
-		return 0, fmt.Errorf("%s: value %s is not an integer", fieldName(path), quoteValue(raw))
-	}
-	v, err := n.Int64()
-	if err != nil {
-		return 0, fmt.Errorf("%s: value %s is not an integer", fieldName(path), quoteValue(raw))
-	}
-	if v < lo || v > hi {
-		return 0, fmt.Errorf("%s: value %d is outside %d..%d", fieldName(path), v, lo, hi)
-	}
-	return v, nil
-}
-
-func isNull(raw json.RawMessage) bool {
-	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
-}
-
-// join appends a field name to a path.
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
-}
-
-// at appends a list index to a path.
-func at(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
-
-func fieldName(path string) string {
-	if path == "" {
-		return "top level"
-	}
-	return "field " + path
-}
-
-// quoteValue shows a JSON value in an error, shortened.
-func quoteValue(raw []byte) string {
-	s := string(bytes.TrimSpace(raw))
-	if len(s) > 64 {
-		s = s[:61] + "..."
-	}
-	return s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
+	return fmt.Sprint(v)
 }
 
 // splitDocuments splits a YAML stream at its document markers the way
@@ -128,7 +219,7 @@ func splitDocuments(data []byte) ([][]byte, error) {
 		if rest, ok := bytes.CutPrefix(l, []byte("---")); ok {
 			rest = bytes.TrimSpace(rest)
 			if len(rest) > 0 && rest[0] != '#' {
-				return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line", line, quoteValue(rest))
+				return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line", line, errtext.Value(rest))
 			}
 			if pos > 0 {
 				docs = append(docs, data[start:pos])
