@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -24,23 +26,20 @@ import (
 func decode(base *field.Path, js []byte, v any) field.ErrorList {
 	strict, err := kjson.UnmarshalStrict(js, v)
 	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		path, raw := locate(base, js, typeErr.Offset)
+	switch {
+	case errors.As(err, &typeErr):
+		path, start := locate(json.NewDecoder(bytes.NewReader(js)), js, base, typeErr.Offset)
+		var raw json.RawMessage
+		_ = json.NewDecoder(bytes.NewReader(js[start:])).Decode(&raw)
 		return field.ErrorList{field.TypeInvalid(path, raw, "is not "+describe(path, typeErr.Type))}
-	} else if err != nil { // js is valid JSON: not expected
+	case err != nil: // not expected: js is JSON, and no type of types.go has an UnmarshalJSON that fails
 		return field.ErrorList{field.InternalError(base, err)}
 	}
 	var errs field.ErrorList
 	for _, e := range strict {
 		var fe kjson.FieldError
-		if !errors.As(e, &fe) {
-			errs = append(errs, field.InternalError(base, e))
-			continue
-		}
-		path := fe.FieldPath()
-		if base != nil {
-			path = base.String() + "." + path
-		}
+		errors.As(e, &fe) // every strict error is one
+		path := strings.TrimPrefix(base.String()+"."+fe.FieldPath(), "<nil>.")
 		if strings.HasPrefix(e.Error(), "duplicate") {
 			errs = append(errs, &field.Error{Type: field.ErrorTypeDuplicate, Field: path})
 			continue
@@ -52,102 +51,60 @@ func decode(base *field.Path, js []byte, v any) field.ErrorList {
 	return errs
 }
 
-// locate finds the value a decoding error at offset of js is about: the
-// last value that starts before offset. It returns its path under base and
-// its text.
-func locate(base *field.Path, js []byte, offset int64) (*field.Path, json.RawMessage) {
-	type container struct {
-		path  *field.Path
-		array bool
-		n     int // values read (arrays), or keys and values read (objects)
-		key   string
+// locate finds the value a decoding error at offset is about, the innermost
+// value that starts before offset, in the value dec reads next (at path in
+// js). It returns its path and where it starts.
+func locate(dec *json.Decoder, js []byte, path *field.Path, offset int64) (*field.Path, int64) {
+	start := dec.InputOffset()
+	for start < int64(len(js)) && strings.IndexByte(" \t\r\n,:", js[start]) >= 0 {
+		start++
 	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	var (
-		stack []*container
-		found = base
-		start int64
-	)
-	for {
-		pos := dec.InputOffset()
-		for pos < int64(len(js)) && strings.IndexByte(" \t\r\n,:", js[pos]) >= 0 {
-			pos++
-		}
-		tok, err := dec.Token()
-		if err != nil || pos >= offset {
-			break
-		}
-		if tok == json.Delim('}') || tok == json.Delim(']') {
-			stack = stack[:len(stack)-1]
-			continue
-		}
-		path := base
-		if len(stack) > 0 {
-			c := stack[len(stack)-1]
-			c.n++
-			switch {
-			case c.array:
-				path = c.path.Index(c.n - 1)
-			case c.n%2 == 1: // a key
-				c.key, _ = tok.(string)
-				continue
-			default:
-				path = c.path.Child(c.key)
+	found, at := path, start
+	if tok, err := dec.Token(); err == nil && start < offset && (tok == json.Delim('{') || tok == json.Delim('[')) {
+		for i := 0; dec.More() && dec.InputOffset() < offset; i++ {
+			child := path.Index(i)
+			if tok == json.Delim('{') {
+				key, _ := dec.Token()
+				name, _ := key.(string)
+				child = path.Child(name)
 			}
+			p, s := locate(dec, js, child, offset)
+			if s >= offset {
+				break
+			}
+			found, at = p, s
 		}
-		found, start = path, pos
-		if tok == json.Delim('{') || tok == json.Delim('[') {
-			stack = append(stack, &container{path: path, array: tok == json.Delim('[')})
-		}
+		_, _ = dec.Token() // the closing delimiter
 	}
-	var raw json.RawMessage
-	_ = json.NewDecoder(bytes.NewReader(js[start:])).Decode(&raw)
-	return found, raw
+	return found, at
 }
 
 // describe says what a field holds, for a value of the wrong type.
 func describe(path *field.Path, t reflect.Type) string {
 	_, name := splitPath(path.String())
-	switch name {
-	case "podIsolation":
-		return "a list of policy types (Ingress, Egress)"
-	case "except":
-		return "a list of CIDRs"
+	if d, ok := map[string]string{"podIsolation": "a list of policy types (Ingress, Egress)", "except": "a list of CIDRs"}[name]; ok {
+		return d
 	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Int, reflect.Int32, reflect.Int64:
-		return "an integer"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Slice:
-		return "a list"
-	default:
-		return "a mapping"
+	if d, ok := map[reflect.Kind]string{reflect.String: "a string", reflect.Int64: "an integer", reflect.Slice: "a list"}[t.Kind()]; ok {
+		return d
 	}
+	return "a mapping"
 }
 
 // splitPath splits "spec.egress[0].cidrs" into "spec.egress[0]" and "cidrs".
 func splitPath(path string) (parent, name string) {
-	if i := strings.LastIndexByte(path, '.'); i >= 0 {
-		return path[:i], path[i+1:]
-	}
-	return "", path
+	i := strings.LastIndexByte(path, '.')
+	return path[:max(i, 0)], path[i+1:]
 }
 
-// fieldNames lists the JSON fields of the struct at path (list indices
-// ignored) in t.
-func fieldNames(t reflect.Type, path string) []string {
-	var names []string
+// fieldNames lists the JSON fields of the struct at path (a path of
+// structs, list indices ignored) in t.
+func fieldNames(t reflect.Type, path string) (names []string) {
 	for _, name := range append(strings.Split(path, "."), "") {
-		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+		name, _, _ = strings.Cut(name, "[")
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
 			t = t.Elem()
 		}
-		if t.Kind() != reflect.Struct {
-			return nil
-		}
-		name, _, _ = strings.Cut(name, "[")
 		names = names[:0]
 		for _, f := range reflect.VisibleFields(t) {
 			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
@@ -166,38 +123,31 @@ func fieldNames(t reflect.Type, path string) []string {
 func formatErrors(errs field.ErrorList) error {
 	msgs := make([]string, len(errs))
 	for i, e := range errs {
-		name := "field " + e.Field
-		if e.Field == "<nil>" {
-			name = "top level"
-		}
 		switch e.Type {
 		case field.ErrorTypeRequired:
-			msgs[i] = name + " is missing"
-			if e.Detail != "" {
-				msgs[i] += ": " + e.Detail
-			}
+			msgs[i] = strings.TrimSuffix("field "+e.Field+" is missing: "+e.Detail, ": ")
 		case field.ErrorTypeDuplicate:
-			msgs[i] = name + " is given twice"
+			msgs[i] = "field " + e.Field + " is given twice"
 		case field.ErrorTypeNotSupported:
-			msgs[i] = fmt.Sprintf("%s: unknown field %q (known: %s)", name, e.BadValue, e.Detail)
+			msgs[i] = fmt.Sprintf("field %s: unknown field %q (known: %s)", e.Field, e.BadValue, e.Detail)
 		case field.ErrorTypeInternal:
-			msgs[i] = name + ": " + e.Detail
+			msgs[i] = "field " + e.Field + ": " + e.Detail
 		default:
-			msgs[i] = fmt.Sprintf("%s: value %s %s", name, showValue(e.BadValue), e.Detail)
+			value := fmt.Sprint(e.BadValue)
+			switch v := e.BadValue.(type) {
+			case json.RawMessage:
+				value = errtext.Value(v)
+			case string:
+				value = strconv.Quote(v)
+			}
+			msgs[i] = fmt.Sprintf("field %s: value %s %s", e.Field, value, e.Detail)
 		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-func showValue(v any) string {
-	switch v := v.(type) {
-	case json.RawMessage:
-		return errtext.Value(v)
-	case string:
-		return fmt.Sprintf("%q", v)
-	}
-	return fmt.Sprint(v)
-}
+// docMarker is a YAML document marker line and what follows it.
+var docMarker = regexp.MustCompile(`(?m)^---(.*)$`)
 
 // splitDocuments splits a YAML stream at its document markers the way
 // kubectl does: a line that starts with "---" followed by nothing, blanks or
@@ -207,27 +157,15 @@ func showValue(v any) string {
 func splitDocuments(data []byte) ([][]byte, error) {
 	var docs [][]byte
 	start := 0
-	line := 1
-	for pos := 0; pos < len(data); {
-		end := bytes.IndexByte(data[pos:], '\n')
-		if end < 0 {
-			end = len(data)
-		} else {
-			end += pos + 1
+	for _, m := range docMarker.FindAllSubmatchIndex(data, -1) {
+		if rest := bytes.TrimSpace(data[m[2]:m[3]]); len(rest) > 0 && rest[0] != '#' {
+			return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line",
+				bytes.Count(data[:m[0]], []byte("\n"))+1, errtext.Value(rest))
 		}
-		l := data[pos:end]
-		if rest, ok := bytes.CutPrefix(l, []byte("---")); ok {
-			rest = bytes.TrimSpace(rest)
-			if len(rest) > 0 && rest[0] != '#' {
-				return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line", line, errtext.Value(rest))
-			}
-			if pos > 0 {
-				docs = append(docs, data[start:pos])
-			}
-			start = end
+		if m[0] > 0 {
+			docs = append(docs, data[start:m[0]])
 		}
-		pos = end
-		line++
+		start = min(m[1]+1, len(data))
 	}
 	return append(docs, data[start:]), nil
 }

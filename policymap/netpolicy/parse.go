@@ -101,11 +101,11 @@ func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
 		}
 		return out, nil
 	}
-	want := fmt.Sprintf("%s, %s or %s", PolicyEndpointKind, policyEndpointListKind, listKind)
+	const kinds = PolicyEndpointKind + ", " + policyEndpointListKind + " or " + listKind
 	if head.Kind == nil || head.Kind == "" {
-		return nil, formatErrors(field.ErrorList{field.Required(field.NewPath("kind"), "want "+want)})
+		return nil, formatErrors(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)})
 	}
-	return nil, formatErrors(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+want)})
+	return nil, formatErrors(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)})
 }
 
 // parseObject decodes and validates one PolicyEndpoint object at base (the
@@ -140,6 +140,14 @@ type validator struct {
 
 func (v *validator) fail(e *field.Error) { v.errs = append(v.errs, e) }
 
+// required reports whether a required field is set, failing if not.
+func (v *validator) required(path *field.Path, s string) bool {
+	if s == "" {
+		v.fail(field.Required(path, ""))
+	}
+	return s != ""
+}
+
 func (v *validator) warn(path *field.Path, format string, args ...any) {
 	v.pe.Warnings = append(v.pe.Warnings, path.String()+": "+fmt.Sprintf(format, args...))
 }
@@ -159,10 +167,7 @@ func (v *validator) header(base *field.Path, obj *policyEndpointObject) {
 // objectName checks a Kubernetes object name: non-empty, at most 253
 // characters, no '/' and no blanks.
 func (v *validator) objectName(path *field.Path, s string) string {
-	switch {
-	case s == "":
-		v.fail(field.Required(path, ""))
-	case len(s) > maxNameLength || strings.ContainsAny(s, "/ \t\r\n"):
+	if v.required(path, s) && (len(s) > maxNameLength || strings.ContainsAny(s, "/ \t\r\n")) {
 		v.fail(field.Invalid(path, s, fmt.Sprintf("is not an object name (1-%d characters, no '/' or blanks)", maxNameLength)))
 	}
 	return s
@@ -204,13 +209,12 @@ func (v *validator) pods(path *field.Path, pods []podEndpoint) {
 	for i, pod := range pods {
 		p := path.Index(i)
 		ep := PodEndpoint{Name: pod.Name, Namespace: pod.Namespace}
-		var ok bool
-		if ep.PodIP, ok = v.address(p.Child("podIP"), pod.PodIP); !ok {
+		if ep.PodIP = v.address(p.Child("podIP"), pod.PodIP); !ep.PodIP.IsValid() {
 			continue
 		}
 		if pod.HostIP == "" {
 			v.warn(p, "no hostIP: the node IP is not added for pod IP %s", ep.PodIP)
-		} else if ep.HostIP, ok = v.address(p.Child("hostIP"), pod.HostIP); ok && bpf.FamilyOf(ep.HostIP) != bpf.FamilyOf(ep.PodIP) {
+		} else if ep.HostIP = v.address(p.Child("hostIP"), pod.HostIP); ep.HostIP.IsValid() && bpf.FamilyOf(ep.HostIP) != bpf.FamilyOf(ep.PodIP) {
 			v.warn(p, "hostIP %s is not of the family of podIP %s: the node IP is not added for this pod IP", ep.HostIP, ep.PodIP)
 			ep.HostIP = netip.Addr{}
 		}
@@ -224,11 +228,10 @@ func (v *validator) pods(path *field.Path, pods []podEndpoint) {
 }
 
 // address parses a pod or host IP: an IPv4 or IPv6 address, not
-// IPv4-mapped, without a zone.
-func (v *validator) address(path *field.Path, s string) (netip.Addr, bool) {
-	if s == "" {
-		v.fail(field.Required(path, ""))
-		return netip.Addr{}, false
+// IPv4-mapped, without a zone. It is invalid after an error.
+func (v *validator) address(path *field.Path, s string) netip.Addr {
+	if !v.required(path, s) {
+		return netip.Addr{}
 	}
 	a, err := netip.ParseAddr(strings.TrimSpace(s))
 	switch {
@@ -239,18 +242,17 @@ func (v *validator) address(path *field.Path, s string) (netip.Addr, bool) {
 	case a.Zone() != "":
 		v.fail(field.Invalid(path, s, "has a zone"))
 	default:
-		return a, true
+		return a
 	}
-	return netip.Addr{}, false
+	return netip.Addr{}
 }
 
 // prefix parses a cidr or except: a CIDR, or an address meaning its host
 // prefix (the controller writes pod IPs that way). Host bits are cleared
-// with a warning.
-func (v *validator) prefix(path *field.Path, s string) (netip.Prefix, bool) {
-	if s == "" {
-		v.fail(field.Required(path, ""))
-		return netip.Prefix{}, false
+// with a warning. It is invalid after an error.
+func (v *validator) prefix(path *field.Path, s string) netip.Prefix {
+	if !v.required(path, s) {
+		return netip.Prefix{}
 	}
 	s = strings.TrimSpace(s)
 	var a netip.Addr
@@ -272,9 +274,9 @@ func (v *validator) prefix(path *field.Path, s string) (netip.Prefix, bool) {
 			v.warn(path, "%q has host bits set: using %s", s, m)
 			pfx = m
 		}
-		return pfx, true
+		return pfx
 	}
-	return netip.Prefix{}, false
+	return netip.Prefix{}
 }
 
 // rules reads the rules of a direction; they have no effect unless the
@@ -283,8 +285,8 @@ func (v *validator) rules(path *field.Path, in []endpointInfo, isolated bool, di
 	var out []Rule
 	for i, r := range in {
 		p := path.Index(i)
-		cidr, ok := v.prefix(p.Child("cidr"), r.CIDR)
-		out = append(out, Rule{CIDR: cidr, Except: v.excepts(p.Child("except"), r.Except, cidr, ok), Ports: v.ports(p.Child("ports"), r.Ports)})
+		cidr := v.prefix(p.Child("cidr"), r.CIDR)
+		out = append(out, Rule{CIDR: cidr, Except: v.excepts(p.Child("except"), r.Except, cidr), Ports: v.ports(p.Child("ports"), r.Ports)})
 	}
 	if len(out) > 0 && !isolated {
 		v.warn(path, "%d rules, but podIsolation does not list %s: they have no effect", len(out), dir)
@@ -295,12 +297,12 @@ func (v *validator) rules(path *field.Path, in []endpointInfo, isolated bool, di
 // excepts parses a rule's excepts and keeps those that can matter: of the
 // cidr's family (the other family's are dropped, each with a warning: the
 // AWS agent turned them into malformed keys) and overlapping the cidr.
-func (v *validator) excepts(path *field.Path, in []string, cidr netip.Prefix, cidrOK bool) []netip.Prefix {
+func (v *validator) excepts(path *field.Path, in []string, cidr netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for i, s := range in {
 		p := path.Index(i)
-		e, ok := v.prefix(p, s)
-		if !ok || !cidrOK {
+		e := v.prefix(p, s)
+		if !e.IsValid() || !cidr.IsValid() {
 			continue
 		}
 		switch {
