@@ -44,9 +44,9 @@ func decode(base *field.Path, js []byte, v any) field.ErrorList {
 			errs = append(errs, &field.Error{Type: field.ErrorTypeDuplicate, Field: path})
 			continue
 		}
-		parent, name := splitPath(fe.FieldPath())
+		known, name := unknownField(elem(reflect.TypeOf(v)), fe.FieldPath())
 		errs = append(errs, &field.Error{Type: field.ErrorTypeNotSupported, Field: path, BadValue: name,
-			Detail: strings.Join(fieldNames(reflect.TypeOf(v), parent), ", ")})
+			Detail: strings.Join(known, ", ")})
 	}
 	return errs
 }
@@ -81,8 +81,8 @@ func locate(dec *json.Decoder, js []byte, path *field.Path, offset int64) (*fiel
 
 // describe says what a field holds, for a value of the wrong type.
 func describe(path *field.Path, t reflect.Type) string {
-	_, name := splitPath(path.String())
-	if d, ok := map[string]string{"podIsolation": "a list of policy types (Ingress, Egress)", "except": "a list of CIDRs"}[name]; ok {
+	p := path.String()
+	if d, ok := map[string]string{"podIsolation": "a list of policy types (Ingress, Egress)", "except": "a list of CIDRs"}[p[strings.LastIndexByte(p, '.')+1:]]; ok {
 		return d
 	}
 	if d, ok := map[reflect.Kind]string{reflect.String: "a string", reflect.Int64: "an integer", reflect.Slice: "a list"}[t.Kind()]; ok {
@@ -91,30 +91,38 @@ func describe(path *field.Path, t reflect.Type) string {
 	return "a mapping"
 }
 
-// splitPath splits "spec.egress[0].cidrs" into "spec.egress[0]" and "cidrs".
-func splitPath(path string) (parent, name string) {
-	i := strings.LastIndexByte(path, '.')
-	return path[:max(i, 0)], path[i+1:]
-}
+// fieldSep is what separates a field name from the next in a path.
+var fieldSep = regexp.MustCompile(`^(\[[0-9]+\])*\.`)
 
-// fieldNames lists the JSON fields of the struct at path (a path of
-// structs, list indices ignored) in t.
-func fieldNames(t reflect.Type, path string) (names []string) {
-	for _, name := range append(strings.Split(path, "."), "") {
-		name, _, _ = strings.Cut(name, "[")
-		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
-			t = t.Elem()
-		}
-		names = names[:0]
+// unknownField splits the path of an unknown field in struct t (a path of
+// known struct fields and list indices, then the name, which may hold dots)
+// into the fields of the struct that holds it and its name.
+func unknownField(t reflect.Type, path string) (known []string, name string) {
+	for {
+		var next reflect.Type
+		var rest string
+		known = known[:0]
 		for _, f := range reflect.VisibleFields(t) {
 			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if tag == name {
-				t = f.Type
+			known = append(known, tag)
+			sep := fieldSep.FindString(strings.TrimPrefix(path, tag))
+			if strings.HasPrefix(path, tag) && sep != "" && elem(f.Type).Kind() == reflect.Struct {
+				next, rest = elem(f.Type), path[len(tag)+len(sep):]
 			}
-			names = append(names, tag)
 		}
+		if next == nil {
+			return known, path
+		}
+		t, path = next, rest
 	}
-	return names
+}
+
+// elem is the type of the values of t's lists and pointers.
+func elem(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+		t = t.Elem()
+	}
+	return t
 }
 
 // formatErrors writes errs as the docs show them:

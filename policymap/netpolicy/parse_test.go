@@ -96,6 +96,8 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 		{"item not a mapping", "apiVersion: v1\nkind: List\nitems: [x]", `f.yaml: field items[0]: value "x" is not a mapping`},
 		{"unknown item field", "apiVersion: v1\nkind: List\nitems: [{kind: PolicyEndpoint, apiVersion: networking.k8s.aws/v1alpha1, metadata: {name: a, namespace: b}, spec: {policyRef: {name: a}, egress: [{cidr: 10.0.0.0/8, ports: [{port: 80, prot: UDP}]}]}}]",
 			`f.yaml: b/a: field items[0].spec.egress[0].ports[0].prot: unknown field "prot" (known: protocol, port, endPort)`},
+		{"dotted unknown field", minimal("  podSelectorEndpoints: [{podIP: 10.0.0.1, hostIP.x: y}]\n"),
+			`field spec.podSelectorEndpoints[0].hostIP.x: unknown field "hostIP.x" (known: hostIP, podIP, name, namespace)`},
 		{"duplicate key in JSON", `{"kind": "PolicyEndpoint", "kind": "PolicyEndpoint"}`, `f.yaml: not valid YAML or JSON`},
 		{"several errors", minimal("  podIsolation: [Egress]\n  egress: [{cidr: 10.0.0.0/33, ports: [{port: 0}]}]\n"),
 			`ns/p: field spec.egress[0].cidr: value "10.0.0.0/33" is not a CIDR; field spec.egress[0].ports[0].port: value 0 is outside 1..65535`},
