@@ -1,7 +1,6 @@
 package ipmasq
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/enimasq/enimasq/cells/errtext"
 )
 
 // File is the ip-masq-agent config file, YAML or JSON:
@@ -94,7 +95,7 @@ func decode(data []byte) (File, []string, error) {
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(js, &fields); err != nil {
-		return File{}, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), quoteValue(js))
+		return File{}, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), errtext.Value(js))
 	}
 	var (
 		f        File
@@ -140,19 +141,10 @@ func decode(data []byte) (File, []string, error) {
 			if want == "" {
 				want = "a boolean"
 			}
-			return File{}, nil, fmt.Errorf("field %s: value %s is not %s", name, quoteValue(raw), want)
+			return File{}, nil, fmt.Errorf("field %s: value %s is not %s", name, errtext.Value(raw), want)
 		}
 	}
 	return f, warnings, nil
-}
-
-// quoteValue shows a JSON value in an error, shortened.
-func quoteValue(raw []byte) string {
-	s := string(bytes.TrimSpace(raw))
-	if len(s) > 64 {
-		s = s[:61] + "..."
-	}
-	return s
 }
 
 // validate checks every CIDR of a decoded file.

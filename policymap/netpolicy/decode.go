@@ -3,110 +3,159 @@ package netpolicy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"slices"
+	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
+
+	"github.com/enimasq/enimasq/cells/errtext"
 )
 
-// Strict decoding of JSON values with errors that name the field path
-// (spec.egress[1].except[0]) and the value. YAML is turned into JSON first
-// (sigs.k8s.io/yaml, which refuses duplicate keys).
+// Strict decoding of JSON into the types of types.go, with errors that
+// name the field path (spec.egress[1].except[0]) and the value. YAML is
+// turned into JSON first (sigs.k8s.io/yaml, which refuses duplicate keys).
 
-// object decodes raw as a JSON object whose keys are all in known. A null
-// is an empty object.
-func object(path string, raw json.RawMessage, known ...string) (map[string]json.RawMessage, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return nil, fmt.Errorf("%s: value %s is not a mapping (fields: %s)", fieldName(path), quoteValue(raw), strings.Join(known, ", "))
+// decode reads js into v (a pointer to a type of types.go) the way the API
+// server does: field names are case-sensitive, and a duplicate or unknown
+// field is an error. base is js's path in the file.
+func decode(base *field.Path, js []byte, v any) field.ErrorList {
+	strict, err := kjson.UnmarshalStrict(js, v)
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &typeErr):
+		path, start := locate(json.NewDecoder(bytes.NewReader(js)), js, base, typeErr.Offset)
+		var raw json.RawMessage
+		_ = json.NewDecoder(bytes.NewReader(js[start:])).Decode(&raw)
+		return field.ErrorList{field.TypeInvalid(path, raw, "is not "+describe(path, typeErr.Type))}
+	case err != nil: // not expected: js is JSON, and no type of types.go has an UnmarshalJSON that fails
+		return field.ErrorList{field.InternalError(base, err)}
 	}
-	for _, name := range sortedKeys(fields) {
-		if !slices.Contains(known, name) {
-			return nil, fmt.Errorf("%s: unknown field %q (known: %s)", fieldName(join(path, name)), name, strings.Join(known, ", "))
+	var errs field.ErrorList
+	for _, e := range strict {
+		var fe kjson.FieldError
+		errors.As(e, &fe) // every strict error is one
+		path := strings.TrimPrefix(base.String()+"."+fe.FieldPath(), "<nil>.")
+		if strings.HasPrefix(e.Error(), "duplicate") {
+			errs = append(errs, &field.Error{Type: field.ErrorTypeDuplicate, Field: path})
+			continue
+		}
+		known, name := unknownField(elem(reflect.TypeOf(v)), fe.FieldPath())
+		errs = append(errs, &field.Error{Type: field.ErrorTypeNotSupported, Field: path, BadValue: name,
+			Detail: strings.Join(known, ", ")})
+	}
+	return errs
+}
+
+// locate finds the value a decoding error at offset is about, the innermost
+// value that starts before offset, in the value dec reads next (at path in
+// js). It returns its path and where it starts.
+func locate(dec *json.Decoder, js []byte, path *field.Path, offset int64) (*field.Path, int64) {
+	start := dec.InputOffset()
+	for start < int64(len(js)) && strings.IndexByte(" \t\r\n,:", js[start]) >= 0 {
+		start++
+	}
+	found, at := path, start
+	if tok, err := dec.Token(); err == nil && start < offset && (tok == json.Delim('{') || tok == json.Delim('[')) {
+		for i := 0; dec.More() && dec.InputOffset() < offset; i++ {
+			child := path.Index(i)
+			if tok == json.Delim('{') {
+				key, _ := dec.Token()
+				name, _ := key.(string)
+				child = path.Child(name)
+			}
+			p, s := locate(dec, js, child, offset)
+			if s >= offset {
+				break
+			}
+			found, at = p, s
+		}
+		_, _ = dec.Token() // the closing delimiter
+	}
+	return found, at
+}
+
+// describe says what a field holds, for a value of the wrong type.
+func describe(path *field.Path, t reflect.Type) string {
+	p := path.String()
+	if d, ok := map[string]string{"podIsolation": "a list of policy types (Ingress, Egress)", "except": "a list of CIDRs"}[p[strings.LastIndexByte(p, '.')+1:]]; ok {
+		return d
+	}
+	if d, ok := map[reflect.Kind]string{reflect.String: "a string", reflect.Int64: "an integer", reflect.Slice: "a list"}[t.Kind()]; ok {
+		return d
+	}
+	return "a mapping"
+}
+
+// fieldSep is what separates a field name from the next in a path.
+var fieldSep = regexp.MustCompile(`^(\[[0-9]+\])*\.`)
+
+// unknownField splits the path of an unknown field in struct t (a path of
+// known struct fields and list indices, then the name, which may hold dots)
+// into the fields of the struct that holds it and its name.
+func unknownField(t reflect.Type, path string) (known []string, name string) {
+	for {
+		var next reflect.Type
+		var rest string
+		known = known[:0]
+		for _, f := range reflect.VisibleFields(t) {
+			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			known = append(known, tag)
+			sep := fieldSep.FindString(strings.TrimPrefix(path, tag))
+			if strings.HasPrefix(path, tag) && sep != "" && elem(f.Type).Kind() == reflect.Struct {
+				next, rest = elem(f.Type), path[len(tag)+len(sep):]
+			}
+		}
+		if next == nil {
+			return known, path
+		}
+		t, path = next, rest
+	}
+}
+
+// elem is the type of the values of t's lists and pointers.
+func elem(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+		t = t.Elem()
+	}
+	return t
+}
+
+// formatErrors writes errs as the docs show them:
+//
+//	field spec.egress[1].ports[0].port: value "http" is not an integer
+func formatErrors(errs field.ErrorList) error {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		switch e.Type {
+		case field.ErrorTypeRequired:
+			msgs[i] = strings.TrimSuffix("field "+e.Field+" is missing: "+e.Detail, ": ")
+		case field.ErrorTypeDuplicate:
+			msgs[i] = "field " + e.Field + " is given twice"
+		case field.ErrorTypeNotSupported:
+			msgs[i] = fmt.Sprintf("field %s: unknown field %q (known: %s)", e.Field, e.BadValue, e.Detail)
+		case field.ErrorTypeInternal:
+			msgs[i] = "field " + e.Field + ": " + e.Detail
+		default:
+			value := fmt.Sprint(e.BadValue)
+			switch v := e.BadValue.(type) {
+			case json.RawMessage:
+				value = errtext.Value(v)
+			case string:
+				value = strconv.Quote(v)
+			}
+			msgs[i] = fmt.Sprintf("field %s: value %s %s", e.Field, value, e.Detail)
 		}
 	}
-	for name, v := range fields {
-		if isNull(v) {
-			delete(fields, name)
-		}
-	}
-	return fields, nil
+	return errors.New(strings.Join(msgs, "; "))
 }
 
-// list decodes raw as a JSON array. A null is an empty list.
-func list(path string, raw json.RawMessage, what string) ([]json.RawMessage, error) {
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, fmt.Errorf("%s: value %s is not a list of %s", fieldName(path), quoteValue(raw), what)
-	}
-	return items, nil
-}
-
-// str decodes raw as a JSON string.
-func str(path string, raw json.RawMessage) (string, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", fmt.Errorf("%s: value %s is not a string", fieldName(path), quoteValue(raw))
-	}
-	return s, nil
-}
-
-// integer decodes raw as a JSON integer in [lo, hi]. A quoted number is not
-// an integer.
-func integer(path string, raw json.RawMessage, lo, hi int64) (int64, error) {
-	trimmed := bytes.TrimSpace(raw)
-	var n json.Number
-	if len(trimmed) == 0 || trimmed[0] == '"' || json.Unmarshal(trimmed, &n) != nil {
-		return 0, fmt.Errorf("%s: value %s is not an integer", fieldName(path), quoteValue(raw))
-	}
-	v, err := n.Int64()
-	if err != nil {
-		return 0, fmt.Errorf("%s: value %s is not an integer", fieldName(path), quoteValue(raw))
-	}
-	if v < lo || v > hi {
-		return 0, fmt.Errorf("%s: value %d is outside %d..%d", fieldName(path), v, lo, hi)
-	}
-	return v, nil
-}
-
-func isNull(raw json.RawMessage) bool {
-	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
-}
-
-// join appends a field name to a path.
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
-}
-
-// at appends a list index to a path.
-func at(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
-
-func fieldName(path string) string {
-	if path == "" {
-		return "top level"
-	}
-	return "field " + path
-}
-
-// quoteValue shows a JSON value in an error, shortened.
-func quoteValue(raw []byte) string {
-	s := string(bytes.TrimSpace(raw))
-	if len(s) > 64 {
-		s = s[:61] + "..."
-	}
-	return s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+// docMarker is a YAML document marker line and what follows it.
+var docMarker = regexp.MustCompile(`(?m)^---(.*)$`)
 
 // splitDocuments splits a YAML stream at its document markers the way
 // kubectl does: a line that starts with "---" followed by nothing, blanks or
@@ -116,27 +165,15 @@ func sortedKeys[V any](m map[string]V) []string {
 func splitDocuments(data []byte) ([][]byte, error) {
 	var docs [][]byte
 	start := 0
-	line := 1
-	for pos := 0; pos < len(data); {
-		end := bytes.IndexByte(data[pos:], '\n')
-		if end < 0 {
-			end = len(data)
-		} else {
-			end += pos + 1
+	for _, m := range docMarker.FindAllSubmatchIndex(data, -1) {
+		if rest := bytes.TrimSpace(data[m[2]:m[3]]); len(rest) > 0 && rest[0] != '#' {
+			return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line",
+				bytes.Count(data[:m[0]], []byte("\n"))+1, errtext.Value(rest))
 		}
-		l := data[pos:end]
-		if rest, ok := bytes.CutPrefix(l, []byte("---")); ok {
-			rest = bytes.TrimSpace(rest)
-			if len(rest) > 0 && rest[0] != '#' {
-				return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line", line, quoteValue(rest))
-			}
-			if pos > 0 {
-				docs = append(docs, data[start:pos])
-			}
-			start = end
+		if m[0] > 0 {
+			docs = append(docs, data[start:m[0]])
 		}
-		pos = end
-		line++
+		start = min(m[1]+1, len(data))
 	}
 	return append(docs, data[start:]), nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -257,7 +258,7 @@ func (s *policySource) apply(desired map[string]*PolicyEndpoint, complete bool) 
 	for _, old := range stale {
 		s.table.Delete(wtxn, old)
 	}
-	for _, key := range sortedKeys(desired) {
+	for _, key := range slices.Sorted(maps.Keys(desired)) {
 		pe := desired[key]
 		old, _, found := s.table.Get(wtxn, PolicyEndpointNameIndex.Query(key))
 		if found && (old == pe || reflect.DeepEqual(old, pe)) {

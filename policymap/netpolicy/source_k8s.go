@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -154,7 +155,7 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 
 	desired := map[string]*PolicyEndpoint{}
 	var warnings []string
-	for _, key := range sortedKeys(current) {
+	for _, key := range slices.Sorted(maps.Keys(current)) {
 		pe := podsOnNode(current[key].pe, addrs)
 		if pe == nil {
 			continue // no pod of this node
@@ -205,18 +206,16 @@ func (s *policyK8sSource) reportAPI(health cell.Health, reason string, err error
 // parseAPIObject runs one object from the API server through the file
 // parser. Its File is "policyendpoints/<namespace>/<name>".
 func parseAPIObject(key string, obj map[string]any) (*PolicyEndpoint, error) {
+	file := "policyendpoints/" + key
 	data, err := json.Marshal(obj)
+	var pe *PolicyEndpoint
+	if err == nil {
+		pe, err = parseObject(file, nil, data)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("policyendpoints/%s: %w", key, err)
+		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	pes, err := ParsePolicyEndpoints("policyendpoints/"+key, data)
-	if err != nil {
-		return nil, err
-	}
-	if len(pes) != 1 {
-		return nil, fmt.Errorf("policyendpoints/%s: want one PolicyEndpoint, got %d", key, len(pes))
-	}
-	return pes[0], nil
+	return pe, nil
 }
 
 // podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil
