@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -41,12 +41,23 @@ var (
 	ErrRulesFailed = errors.New("rules not programmed")
 )
 
-// Request asks for an IP. Family is "ipv4" (default) or "ipv6"; IP asks
-// for a given address.
+// Request asks for an IP for an owner (NAMESPACE/POD). With a container ID
+// (and an interface name) it is the CNI's attachment's: asking again for
+// the same attachment and family returns the same IP, and another
+// attachment of the same pod gets its own. Family is "ipv4" (default) or
+// "ipv6"; IP asks for a given address.
 type Request struct {
-	Owner  string `json:"owner"`
-	Family string `json:"family,omitempty"`
-	IP     string `json:"ip,omitempty"`
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Family      string `json:"family,omitempty"`
+	IP          string `json:"ip,omitempty"`
+}
+
+// attachment is the request's attachment (zero without a container ID).
+func (r Request) attachment() Attachment {
+	return Attachment{ContainerID: r.ContainerID, IfName: r.IfName}
 }
 
 // Allocator hands out pod IPs from the pool of the CiliumNode and is the
@@ -74,28 +85,20 @@ type Allocator struct {
 	checkpointHealth cell.Health
 }
 
-func validateOwner(owner string) error {
-	ns, pod, ok := strings.Cut(owner, "/")
-	if !ok || ns == "" || pod == "" || strings.Contains(pod, "/") {
-		return fmt.Errorf("owner %q: want NAMESPACE/POD", owner)
-	}
-	if len(owner) > 512 {
-		return fmt.Errorf("owner %q: longer than 512 bytes", owner[:32]+"...")
-	}
-	for _, r := range owner {
-		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
-			return fmt.Errorf("owner %q: contains a space or a control character", owner)
-		}
-	}
-	return nil
-}
-
 // parseRequest checks a request and returns the owner, the family and the
 // requested IP (invalid when none).
 func (a *Allocator) parseRequest(req Request) (owner, family string, want netip.Addr, err error) {
 	owner = req.Owner
 	if err := validateOwner(owner); err != nil {
 		return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if err := validateAttachment(req.attachment()); err != nil {
+		return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if req.PodUID != "" {
+		if err := validatePodUID(req.PodUID); err != nil {
+			return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
 	}
 	if req.IP != "" {
 		want, err = netip.ParseAddr(req.IP)
@@ -156,9 +159,11 @@ func (a *Allocator) nonMasq(txn statedb.ReadTxn) []netip.Prefix {
 	return out
 }
 
-// Allocate hands out an IP to the owner: the requested one, or the next free
-// one of the family. Asking again for the same owner and family returns the
-// same allocation (created is false).
+// Allocate hands out an IP to the request's attachment: the requested one,
+// or the next free one of the family. Asking again for the same attachment
+// and family returns the same allocation (created is false). Without a
+// container ID the owner is the attachment, as for the API's own
+// allocations.
 func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool, err error) {
 	defer func() {
 		if err != nil {
@@ -180,8 +185,9 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	pool := a.pool(wtxn)
 	nonMasq := a.nonMasq(wtxn)
 
-	for held := range a.allocs.List(wtxn, AllocationOwnerIndex.Query(owner)) {
-		if familyOf(held.IP) != family {
+	att := req.attachment()
+	for held := range a.allocs.List(wtxn, AllocationAttachmentIndex.Query(att)) {
+		if familyOf(held.IP) != family || (att.IsZero() && held.Owner != owner) {
 			continue
 		}
 		if want.IsValid() && want != held.IP {
@@ -215,18 +221,76 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 		}
 	}
 	eni, _ := pool.ENI(ip)
-	a.allocs.Insert(wtxn, &Allocation{IP: ip, Owner: owner, ENI: eni.ID, State: StateAllocated})
+	a.allocs.Insert(wtxn, &Allocation{IP: ip, Owner: owner, PodUID: req.PodUID, Attachment: att, ENI: eni.ID, State: StateAllocated})
 	if err := a.writeCheckpoint(wtxn); err != nil {
 		return AllocationResult{}, false, err
 	}
 	wtxn.Commit()
-	a.log.Info("Allocated pod IP", "ip", ip, "owner", owner, "eni", eni.ID, "table", eni.RouteTable())
+	a.log.Info("Allocated pod IP", "ip", ip, "owner", owner, "attachment", att, "eni", eni.ID, "table", eni.RouteTable())
 	return NewResult(ip, eni, nonMasq, a.settings), true, nil
 }
 
 // Release returns the IP to the pool; the pod's rules are removed.
 func (a *Allocator) Release(ip netip.Addr) (*Allocation, error) {
 	ip = ip.Unmap()
+	released, err := a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
+		held, _, found := a.allocs.Get(txn, AllocationIPIndex.Query(ip))
+		if !found {
+			return nil
+		}
+		return []*Allocation{held}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(released) == 0 {
+		return nil, fmt.Errorf("%w: %s is not allocated", ErrUnknownIP, ip)
+	}
+	return released[0], nil
+}
+
+// ReleaseAttachment releases the IPs of one attachment (the CNI's DEL),
+// and only those: another sandbox of the same pod keeps its IP. An
+// attachment the allocator does not hold is released already: nothing is
+// touched and that is no error.
+func (a *Allocator) ReleaseAttachment(att Attachment) ([]*Allocation, error) {
+	if att.IsZero() {
+		return nil, fmt.Errorf("%w: no containerID", ErrInvalidRequest)
+	}
+	if err := validateAttachment(att); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
+		return statedb.Collect(a.allocs.List(txn, AllocationAttachmentIndex.Query(att)))
+	})
+}
+
+// GC releases the allocation of every attachment that is not in valid (the
+// CNI's GC, with the runtime's cni.dev/valid-attachments). Allocations
+// without an attachment were made through the API, not by the CNI: they
+// stay.
+func (a *Allocator) GC(valid []Attachment) ([]*Allocation, error) {
+	keep := make(map[Attachment]bool, len(valid))
+	for _, att := range valid {
+		if err := validateAttachment(att); err != nil || att.IsZero() {
+			return nil, fmt.Errorf("%w: valid attachment %+v: %w", ErrInvalidRequest, att, cmp.Or(err, errors.New("no containerID")))
+		}
+		keep[att] = true
+	}
+	return a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
+		var stale []*Allocation
+		for al := range a.allocs.All(txn) {
+			if !al.Attachment.IsZero() && !keep[al.Attachment] {
+				stale = append(stale, al)
+			}
+		}
+		return stale
+	})
+}
+
+// releaseAll deletes the allocations pick returns, checkpoints and commits
+// once, and returns them (none: nothing is written).
+func (a *Allocator) releaseAll(pick func(statedb.ReadTxn) []*Allocation) ([]*Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	wtxn := a.db.WriteTxn(a.allocs)
@@ -234,17 +298,21 @@ func (a *Allocator) Release(ip netip.Addr) (*Allocation, error) {
 	if err := a.ready(wtxn, false); err != nil {
 		return nil, err
 	}
-	held, _, found := a.allocs.Get(wtxn, AllocationIPIndex.Query(ip))
-	if !found {
-		return nil, fmt.Errorf("%w: %s is not allocated", ErrUnknownIP, ip)
+	released := pick(wtxn)
+	if len(released) == 0 {
+		return nil, nil
 	}
-	a.allocs.Delete(wtxn, held)
+	for _, al := range released {
+		a.allocs.Delete(wtxn, al)
+	}
 	if err := a.writeCheckpoint(wtxn); err != nil {
 		return nil, err
 	}
 	wtxn.Commit()
-	a.log.Info("Released pod IP", "ip", ip, "owner", held.Owner)
-	return held, nil
+	for _, al := range released {
+		a.log.Info("Released pod IP", "ip", al.IP, "owner", al.Owner, "attachment", al.Attachment)
+	}
+	return released, nil
 }
 
 // Allocations returns every allocation, by IP.
@@ -255,7 +323,8 @@ func (a *Allocator) Allocations() []*Allocation {
 func (a *Allocator) writeCheckpoint(txn statedb.ReadTxn) error {
 	var entries []CheckpointEntry
 	for al := range a.allocs.All(txn) {
-		entries = append(entries, CheckpointEntry{IP: al.IP, Owner: al.Owner})
+		entries = append(entries, CheckpointEntry{IP: al.IP, Owner: al.Owner, PodUID: al.PodUID,
+			ContainerID: al.Attachment.ContainerID, IfName: al.Attachment.IfName})
 	}
 	if err := WriteCheckpoint(a.checkpoint, entries); err != nil {
 		a.log.Error("Cannot write the allocations checkpoint: change refused", "error", err)
@@ -282,7 +351,7 @@ func (a *Allocator) restore(ctx context.Context, health cell.Health) error {
 			a.mu.Lock()
 			wtxn := a.db.WriteTxn(a.allocs)
 			for _, e := range entries {
-				a.allocs.Insert(wtxn, &Allocation{IP: e.IP.Unmap(), Owner: e.Owner, State: StateRestored})
+				a.allocs.Insert(wtxn, &Allocation{IP: e.IP.Unmap(), Owner: e.Owner, PodUID: e.PodUID, Attachment: e.attachment(), State: StateRestored})
 			}
 			a.restoreDone(wtxn)
 			wtxn.Commit()

@@ -11,6 +11,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	sigsjson "sigs.k8s.io/json"
 )
 
 // APIPatterns are the agent API patterns (net/http ServeMux) the API is
@@ -45,17 +47,21 @@ type APIError struct {
 
 // AllocationInfo is one allocation as GET /v1/ipam lists it.
 type AllocationInfo struct {
-	IP     string `json:"ip"`
-	Owner  string `json:"owner"`
-	Family string `json:"family"`
-	ENI    string `json:"eni,omitempty"`
-	State  string `json:"state"`
-	Reason string `json:"reason,omitempty"`
+	IP          string `json:"ip"`
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Family      string `json:"family"`
+	ENI         string `json:"eni,omitempty"`
+	State       string `json:"state"`
+	Reason      string `json:"reason,omitempty"`
 }
 
 func infoOf(a *Allocation) AllocationInfo {
 	return AllocationInfo{
-		IP: a.IP.String(), Owner: a.Owner, Family: a.Family(), ENI: a.ENI,
+		IP: a.IP.String(), Owner: a.Owner, PodUID: a.PodUID,
+		ContainerID: a.Attachment.ContainerID, IfName: a.Attachment.IfName, Family: a.Family(), ENI: a.ENI,
 		State: string(a.State), Reason: a.Reason,
 	}
 }
@@ -74,6 +80,8 @@ func NewAPI(alloc *Allocator, log *slog.Logger) *API {
 	a.mux.HandleFunc("GET /v1/ipam", a.list)
 	a.mux.HandleFunc("GET /v1/ipam/{ip}", a.get)
 	a.mux.HandleFunc("DELETE /v1/ipam/{ip}", a.release)
+	a.mux.HandleFunc("POST /v1/ipam/release", a.releaseAttachment)
+	a.mux.HandleFunc("POST /v1/ipam/gc", a.gc)
 	return a
 }
 
@@ -134,11 +142,8 @@ func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
 		timeout = d
 	}
 	var req Request
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, fmt.Errorf("%w: body: want {\"owner\": \"NAMESPACE/POD\", \"family\": \"ipv4\", \"ip\": \"...\"}: %w",
-			ErrInvalidRequest, err), nil)
+	if err := decodeBody(r, &req, `{"owner": "NAMESPACE/POD", "containerID": "...", "ifname": "eth0", "family": "ipv4", "ip": "..."}`); err != nil {
+		writeError(w, err, nil)
 		return
 	}
 	result, created, err := a.alloc.Allocate(req)
@@ -163,12 +168,87 @@ func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, code, result)
 }
 
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
+// decodeBody decodes a JSON request body strictly: a field given twice, a
+// field the request does not have, or trailing data is refused, naming
+// it; want shows the expected shape.
+func decodeBody(r *http.Request, v any, want string) error {
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return fmt.Errorf("%w: body: %w", ErrInvalidRequest, err)
+	}
+	if len(data) > maxBody {
+		return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBody)
+	}
+	strict, err := sigsjson.UnmarshalStrict(data, v, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: body: want %s: %w", ErrInvalidRequest, want, err)
+	}
+	return nil
+}
+
+// list answers every allocation, or with ?containerID=&ifname= those of
+// one attachment.
 func (a *API) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	att := Attachment{ContainerID: q.Get("containerID"), IfName: q.Get("ifname")}
+	if err := validateAttachment(att); err != nil {
+		writeError(w, fmt.Errorf("%w: %w", ErrInvalidRequest, err), nil)
+		return
+	}
 	out := []AllocationInfo{}
 	for _, al := range a.alloc.Allocations() {
+		if att.IsZero() || al.Attachment == att {
+			out = append(out, infoOf(al))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// writeReleased answers the allocations a release or GC freed.
+func writeReleased(w http.ResponseWriter, released []*Allocation, err error) {
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	out := make([]AllocationInfo, 0, len(released))
+	for _, al := range released {
 		out = append(out, infoOf(al))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// releaseAttachment frees the IPs of one attachment (the CNI's DEL); an
+// unknown attachment frees nothing and is no error.
+func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
+	var att Attachment
+	if err := decodeBody(r, &att, `{"containerID": "...", "ifname": "eth0"}`); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	released, err := a.alloc.ReleaseAttachment(att)
+	writeReleased(w, released, err)
+}
+
+// GCRequest lists the attachments the runtime still has (the CNI's GC).
+type GCRequest struct {
+	ValidAttachments []Attachment `json:"validAttachments"`
+}
+
+// gc frees the IPs of every attachment not in the request.
+func (a *API) gc(w http.ResponseWriter, r *http.Request) {
+	var req GCRequest
+	if err := decodeBody(r, &req, `{"validAttachments": [{"containerID": "...", "ifname": "eth0"}]}`); err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	released, err := a.alloc.GC(req.ValidAttachments)
+	writeReleased(w, released, err)
 }
 
 func pathIP(r *http.Request) (netip.Addr, error) {

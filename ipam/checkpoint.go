@@ -16,11 +16,18 @@ import (
 // CheckpointFile is the name of the allocations checkpoint in the state dir.
 const CheckpointFile = "ipam-allocations.json"
 
-const checkpointVersion = 1
+// checkpointVersion is the version written. Version 2 added the
+// attachment (containerID, ifname) and the pod UID of each allocation.
+// Version 1 files are read and migrated: their allocations have no
+// attachment, so they belong to their owner (a DEL of the owner without an
+// allocation of its own attachment releases them, GC leaves them), and the
+// next write is version 2.
+const checkpointVersion = 2
 
 // checkpoint is the file format:
 //
-//	{"version": 1, "allocations": [{"ip": "10.130.100.133", "owner": "shop/web"}]}
+//	{"version": 2, "allocations": [{"ip": "10.130.100.133", "owner": "shop/web",
+//	  "podUID": "...", "containerID": "...", "ifname": "eth0"}]}
 type checkpoint struct {
 	Version     int               `json:"version"`
 	Allocations []CheckpointEntry `json:"allocations"`
@@ -29,8 +36,15 @@ type checkpoint struct {
 // CheckpointEntry is one allocation as checkpointed: the ENI and the state
 // are recomputed from the CiliumNode at restore.
 type CheckpointEntry struct {
-	IP    netip.Addr `json:"ip"`
-	Owner string     `json:"owner"`
+	IP          netip.Addr `json:"ip"`
+	Owner       string     `json:"owner"`
+	PodUID      string     `json:"podUID,omitempty"`
+	ContainerID string     `json:"containerID,omitempty"`
+	IfName      string     `json:"ifname,omitempty"`
+}
+
+func (e CheckpointEntry) attachment() Attachment {
+	return Attachment{ContainerID: e.ContainerID, IfName: e.IfName}
 }
 
 // ReadCheckpoint reads the checkpoint. A missing file is no allocations.
@@ -48,15 +62,32 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%s: not an allocations checkpoint: %w", path, err)
 	}
-	if c.Version != checkpointVersion {
-		return nil, fmt.Errorf("%s: version %d, this agent reads version %d", path, c.Version, checkpointVersion)
+	switch c.Version {
+	case checkpointVersion:
+	case 1:
+		for i, e := range c.Allocations {
+			if !e.attachment().IsZero() || e.PodUID != "" {
+				return nil, fmt.Errorf("%s: allocations[%d]: version 1 has no attachment", path, i)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%s: version %d, this agent reads versions 1 and %d", path, c.Version, checkpointVersion)
 	}
 	seen := map[netip.Addr]bool{}
 	for i, e := range c.Allocations {
 		if !e.IP.IsValid() {
 			return nil, fmt.Errorf("%s: allocations[%d]: no ip", path, i)
 		}
-		if err := validateOwner(e.Owner); err != nil {
+		// Owners of allocations without attachment may come from version 1,
+		// whose owners were checked by the older rule.
+		validOwner := validateOwner
+		if e.attachment().IsZero() {
+			validOwner = validateLegacyOwner
+		}
+		if err := validOwner(e.Owner); err != nil {
+			return nil, fmt.Errorf("%s: allocations[%d]: %w", path, i, err)
+		}
+		if err := validateAttachment(e.attachment()); err != nil {
 			return nil, fmt.Errorf("%s: allocations[%d]: %w", path, i, err)
 		}
 		if ip := e.IP.Unmap(); seen[ip] {

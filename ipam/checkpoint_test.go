@@ -17,7 +17,7 @@ func TestCheckpointRoundTripAndAtomicWrite(t *testing.T) {
 		t.Fatalf("missing checkpoint: %v %v, want no allocations", got, err)
 	}
 	entries := []CheckpointEntry{
-		{IP: netip.MustParseAddr("10.130.112.20"), Owner: "shop/b"},
+		{IP: netip.MustParseAddr("10.130.112.20"), Owner: "shop/b", PodUID: "6c1e4bd0-0f5a-4d5b-9a55-7a6b1e0d9c01", ContainerID: "ctr-b", IfName: "eth0"},
 		{IP: netip.MustParseAddr("10.130.100.133"), Owner: "shop/a"},
 	}
 	if err := WriteCheckpoint(path, entries); err != nil {
@@ -61,7 +61,11 @@ func TestCheckpointRejectsBadFiles(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct{ content, want string }{
 		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b"}`, "not an allocations checkpoint"},
-		{`{"version": 2, "allocations": []}`, "version 2"},
+		{`{"version": 3, "allocations": []}`, "version 3, this agent reads versions 1 and 2"},
+		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "A/b", "containerID": "c", "ifname": "eth0"}]}`, "namespace"},
+		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "ifname": "eth0"}]}`, "without a containerID"},
+		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "containerID": "c/d", "ifname": "eth0"}]}`, "containerID"},
+		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "containerID": "c", "ifname": "eth0"}]}`, "version 1 has no attachment"},
 		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "nobody"}]}`, "NAMESPACE/POD"},
 		{`{"version": 1, "allocations": [{"owner": "a/b"}]}`, "no ip"},
 		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b"}, {"ip": "10.0.0.1", "owner": "a/c"}]}`, "listed twice"},
@@ -73,5 +77,30 @@ func TestCheckpointRejectsBadFiles(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", tc.content, err, tc.want)
 		}
+	}
+}
+
+// TestCheckpointVersion1IsMigrated: a checkpoint written before attachments
+// (version 1, owners checked by the old rule) is read, its allocations
+// without attachment; the next write is version 2.
+func TestCheckpointVersion1IsMigrated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFile)
+	os.WriteFile(path, []byte(`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "shop/db-0"}, {"ip": "10.0.0.2", "owner": "cni/ABC_1"}]}`), 0o600)
+	got, err := ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []CheckpointEntry{{IP: netip.MustParseAddr("10.0.0.1"), Owner: "shop/db-0"}, {IP: netip.MustParseAddr("10.0.0.2"), Owner: "cni/ABC_1"}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("read %v, want %v", got, want)
+	}
+	if err := WriteCheckpoint(path, got); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(path); !strings.Contains(string(data), `"version": 2`) {
+		t.Errorf("rewritten as:\n%s", data)
+	}
+	if again, err := ReadCheckpoint(path); err != nil || !slices.Equal(again, want) {
+		t.Errorf("the migrated checkpoint reads back as %v, %v", again, err)
 	}
 }

@@ -161,21 +161,52 @@ const (
 	StateOrphaned AllocationState = "Orphaned"
 )
 
-// Allocation is a pod IP handed out to an owner (namespace/pod).
+// Allocation is a pod IP handed out to an owner (namespace/pod), held by
+// one attachment: the CNI's container ID and interface name. Two sandboxes
+// of one pod (a StatefulSet pod recreated before the old sandbox's DEL) are
+// two attachments with an IP each; a DEL releases only its own. An
+// allocation made through the API without a container ID (Attachment is
+// zero) belongs to its owner, as before attachments existed.
 type Allocation struct {
 	IP    netip.Addr
 	Owner string
+	// PodUID is the pod's UID, when the runtime passed K8S_POD_UID.
+	PodUID     string     `json:",omitempty"`
+	Attachment Attachment `json:",omitzero"`
 	// ENI is the ENI whose pool holds the IP ("" when none does).
 	ENI    string
 	State  AllocationState
 	Reason string `json:",omitempty"`
 }
 
+// Attachment is the CNI spec's attachment key: the container ID and the
+// interface name in the container.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// IsZero says whether there is no attachment (an allocation of the API).
+func (a Attachment) IsZero() bool { return a == Attachment{} }
+
+// String is "containerID/ifname" with the container ID cut to 12
+// characters, as container runtimes show it; "-" when there is none.
+func (a Attachment) String() string {
+	if a.IsZero() {
+		return "-"
+	}
+	id := a.ContainerID
+	if len(id) > 12 {
+		id = id[:12]
+	}
+	return id + "/" + a.IfName
+}
+
 // Family is "ipv4" or "ipv6".
 func (a *Allocation) Family() string { return familyOf(a.IP) }
 
 func (a *Allocation) TableHeader() []string {
-	return []string{"IP", "Owner", "ENI", "State", "Reason"}
+	return []string{"IP", "Owner", "Attachment", "ENI", "State", "Reason"}
 }
 
 func (a *Allocation) TableRow() []string {
@@ -183,7 +214,7 @@ func (a *Allocation) TableRow() []string {
 	if eni == "" {
 		eni = "-"
 	}
-	return []string{a.IP.String(), a.Owner, eni, string(a.State), a.Reason}
+	return []string{a.IP.String(), a.Owner, a.Attachment.String(), eni, string(a.State), a.Reason}
 }
 
 var (
@@ -207,11 +238,29 @@ var (
 		FromString: index.FromString,
 		Unique:     false,
 	}
+	// AllocationAttachmentIndex finds the allocations of an attachment
+	// (one per family). As a string query: "containerID/ifname".
+	AllocationAttachmentIndex = statedb.Index[*Allocation, Attachment]{
+		Name: "attachment",
+		FromObject: func(a *Allocation) index.KeySet {
+			return index.NewKeySet(attachmentKey(a.Attachment))
+		},
+		FromKey: attachmentKey,
+		FromString: func(s string) (index.Key, error) {
+			id, ifName, _ := strings.Cut(s, "/")
+			return attachmentKey(Attachment{ContainerID: id, IfName: ifName}), nil
+		},
+		Unique: false,
+	}
 )
+
+func attachmentKey(a Attachment) index.Key {
+	return index.String(a.ContainerID + "\x00" + a.IfName)
+}
 
 // NewAllocationTable creates and registers the ipam-allocations table.
 func NewAllocationTable(db *statedb.DB) (statedb.RWTable[*Allocation], error) {
-	return statedb.NewTable(db, AllocationTableName, AllocationIPIndex, AllocationOwnerIndex)
+	return statedb.NewTable(db, AllocationTableName, AllocationIPIndex, AllocationOwnerIndex, AllocationAttachmentIndex)
 }
 
 // RuleKey identifies an ip rule: what the kernel compares (with the
