@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -207,4 +208,36 @@ func TestDbgSaysAgentNotRunning(t *testing.T) {
 func lastLine(out []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestPrivilegedSecondAgentInTheSameNetNSSaysAlreadyRunning: two agents in
+// one network namespace would hand out the same IPs, whatever their state
+// dirs: the second exits with "already running" and the first goes on.
+func TestPrivilegedSecondAgentInTheSameNetNSSaysAlreadyRunning(t *testing.T) {
+	RequireRoot(t)
+	ns := fmt.Sprintf("enimasq-lock-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	first := NewAgent(t)
+	first.NetNSName = ns
+	first.Start()
+	first.WaitHealthy()
+
+	second := NewAgent(t)
+	second.NetNSName = ns
+	if second.StateDir == first.StateDir {
+		t.Fatal("the agents share a state dir")
+	}
+	out, err := second.Command().CombinedOutput()
+	if err == nil {
+		t.Fatalf("second agent exited 0:\n%s", out)
+	}
+	if last := lastLine(out); !strings.Contains(last, "already running in this network namespace") {
+		t.Errorf("second agent's last line %q does not say already running in this network namespace", last)
+	}
+	if _, _, err := first.Dbg("health"); err != nil {
+		t.Errorf("first agent no longer answers: %v", err)
+	}
 }

@@ -128,8 +128,14 @@ func nativeRoutingCIDR(family, flag string) (netip.Prefix, error) {
 	return p, nil
 }
 
-// ErrAlreadyRunning is returned when another agent holds the state dir.
+// ErrAlreadyRunning is returned when another agent holds the state dir or
+// the network namespace.
 var ErrAlreadyRunning = errors.New("already running")
+
+// NetNSLockDir holds a lock per network namespace (netns-DEV-INODE.lock):
+// one agent per namespace, whatever its state dir, since two would hand out
+// the same IPs and fight over the same rules.
+const NetNSLockDir = "/run/enimasq"
 
 // prepareNode creates the state dir, takes the agent lock in it (so a second
 // agent on the same state dir stops before touching the first one's sockets)
@@ -138,7 +144,7 @@ var ErrAlreadyRunning = errors.New("already running")
 // before the node is touched, and nothing else starts on a node the agent
 // cannot own.
 func prepareNode(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg nodeconfig.Config) {
-	var lock *os.File
+	var lock nodeLocks
 	lc.Append(cell.Hook{
 		OnStart: func(cell.HookContext) (err error) {
 			lock, err = claimNode(log, cfg)
@@ -152,28 +158,68 @@ func prepareNode(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg no
 	})
 }
 
-func claimNode(log *slog.Logger, cfg nodeconfig.Config) (*os.File, error) {
+// nodeLocks are the locks an agent holds while it runs.
+type nodeLocks []*os.File
+
+func (l nodeLocks) Close() error {
+	var errs []error
+	for _, f := range l {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func claimNode(log *slog.Logger, cfg nodeconfig.Config) (nodeLocks, error) {
 	if err := MkdirPrivate(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
 	}
-	lockPath := filepath.Join(cfg.StateDir, "agent.lock")
-	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	stateLock, err := flock(filepath.Join(cfg.StateDir, "agent.lock"), "on --state-dir "+cfg.StateDir)
 	if err != nil {
-		return nil, fmt.Errorf("agent lock %s: %w", lockPath, err)
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another enimasq-agent is already running on --state-dir %s (lock %s held): %w",
-				cfg.StateDir, lockPath, ErrAlreadyRunning)
-		}
-		return nil, fmt.Errorf("agent lock %s: %w", lockPath, err)
-	}
-	if err := EnsureBPFFS(log, cfg.BPFRoot); err != nil {
-		lock.Close()
 		return nil, err
 	}
-	return lock, nil
+	locks := nodeLocks{stateLock}
+	netnsLock, err := lockNetNS(NetNSLockDir)
+	if err != nil {
+		locks.Close()
+		return nil, err
+	}
+	locks = append(locks, netnsLock)
+	if err := EnsureBPFFS(log, cfg.BPFRoot); err != nil {
+		locks.Close()
+		return nil, err
+	}
+	return locks, nil
+}
+
+// lockNetNS takes the lock of the agent's network namespace in dir, named
+// by the namespace's device and inode (what identifies a namespace).
+func lockNetNS(dir string) (*os.File, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		return nil, fmt.Errorf("network namespace of the agent: %w", err)
+	}
+	if err := MkdirPrivate(dir); err != nil {
+		return nil, fmt.Errorf("network namespace lock dir %s: %w", dir, err)
+	}
+	where := fmt.Sprintf("in this network namespace (net:[%d])", st.Ino)
+	return flock(filepath.Join(dir, fmt.Sprintf("netns-%d-%d.lock", st.Dev, st.Ino)), where)
+}
+
+// flock takes an exclusive lock on path without waiting; held by another
+// process, it fails with ErrAlreadyRunning saying where.
+func flock(path, where string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("agent lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another enimasq-agent is already running %s (lock %s held): %w", where, path, ErrAlreadyRunning)
+		}
+		return nil, fmt.Errorf("agent lock %s: %w", path, err)
+	}
+	return f, nil
 }
 
 // MkdirPrivate creates dir (and parents) 0700, whatever the process umask.
