@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -230,10 +231,25 @@ func TestPrivilegedSecondAgentInTheSameNetNSSaysAlreadyRunning(t *testing.T) {
 	if second.StateDir == first.StateDir {
 		t.Fatal("the agents share a state dir")
 	}
-	out, err := second.Command().CombinedOutput()
-	if err == nil {
-		t.Fatalf("second agent exited 0:\n%s", out)
+	cmd := second.Command()
+	var output bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatalf("second agent exited 0:\n%s", output.String())
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("second agent still running after 10s beside the first:\n%s", output.String())
+	}
+	out := output.Bytes()
 	if last := lastLine(out); !strings.Contains(last, "already running in this network namespace") {
 		t.Errorf("second agent's last line %q does not say already running in this network namespace", last)
 	}
