@@ -113,7 +113,7 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 	initDone := table.RegisterInitializer(wtxn, "ciliumnode")
 	wtxn.Commit()
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelDebug))
-	src := newK8sSource(&source{log: log, db: db, table: table, initDone: initDone}, client)
+	src := newK8sSource(sourceParams{Log: log, DB: db, Table: table, Metrics: &ipamMetrics{}, Client: client}, initDone)
 	health := &healthRecorder{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

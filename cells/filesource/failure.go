@@ -1,7 +1,6 @@
 package filesource
 
 import (
-	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -32,7 +31,8 @@ type Messages struct {
 // state: a missing input may be "not yet" before the first good read and
 // "gone, keeping the last state" after it.
 type Failure struct {
-	// Log is logged once per distinct Key (the error's text when empty):
+	// Log is logged once per distinct Key (the error's text when empty;
+	// required when there is no error):
 	// at Error, or at Info when Waiting. Its attributes are Attrs, or
 	// "error" and the error when Attrs is nil.
 	Log   string
@@ -56,7 +56,11 @@ func (s *Source[Obj, K]) Fail(health cell.Health, err error, f Failure) {
 	if !f.Uncounted {
 		s.Metrics.Error()
 	}
-	if key := cmp.Or(f.Key, err.Error()); key != s.lastErr {
+	key := f.Key
+	if key == "" {
+		key = err.Error()
+	}
+	if key != s.lastErr {
 		s.lastErr, s.announce = key, f.Announce
 		level, attrs := slog.LevelError, f.Attrs
 		if f.Waiting {
