@@ -48,13 +48,8 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 		Dir:    filepath.Dir(path),
 		Period: s.rereadPeriod,
 		Read:   func() (*filesource.Input[*CIDR], error) { return s.read(path) },
-		Failure: func(error) filesource.Failure {
-			return filesource.Failure{
-				Log:      "Invalid ip-masq-agent config: keeping the CIDRs in force",
-				Health:   "invalid ip-masq-agent config, keeping the last good CIDRs",
-				Announce: true,
-			}
-		},
+		Failure: filesource.Always(filesource.Failure{Log: "Invalid ip-masq-agent config: keeping the CIDRs in force",
+			Health: "invalid ip-masq-agent config, keeping the last good CIDRs", Announce: true}),
 		Messages: filesource.Messages{
 			Warning:    filesource.Line{Msg: "ip-masq-agent config", Attrs: []any{"path", path}},
 			Applied:    filesource.Line{Msg: "Applied ip-masq-agent config"},

@@ -51,6 +51,11 @@ type Failure struct {
 	Announce bool
 }
 
+// Always is the Failure func of a source that reports every error as f.
+func Always(f Failure) func(error) Failure {
+	return func(error) Failure { return f }
+}
+
 // Fail reports a failed read as f says; the table stays as it is.
 func (s *Source[Obj, K]) Fail(health cell.Health, err error, f Failure) {
 	if !f.Uncounted {

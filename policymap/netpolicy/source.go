@@ -48,13 +48,8 @@ func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *pol
 		Dir:    s.dir,
 		Period: func() time.Duration { return s.resync },
 		Read:   s.read,
-		Failure: func(error) filesource.Failure {
-			return filesource.Failure{
-				Log:      "Invalid PolicyEndpoints: keeping the last good objects of the files in error",
-				Health:   "invalid PolicyEndpoint files, keeping their last good objects",
-				Announce: true,
-			}
-		},
+		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: keeping the last good objects of the files in error",
+			Health: "invalid PolicyEndpoint files, keeping their last good objects", Announce: true}),
 		Messages: filesource.Messages{
 			Warning:    filesource.Line{Msg: "PolicyEndpoint"},
 			Applied:    filesource.Line{Msg: "Applied PolicyEndpoints"},
