@@ -64,7 +64,6 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 			kept = "no ENIs yet"
 		}
 		s.Fail(health, snap.Err, filesource.Failure{
-			Key:      fmt.Sprintf("API server: %s", snap.Err),
 			Log:      "CiliumNode: API server error, retrying",
 			Attrs:    []any{"node", node, "state", kept, "error", snap.Err},
 			Health:   fmt.Sprintf("CiliumNode %s: API server error, %s, retrying", node, kept),
@@ -81,14 +80,14 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 	switch {
 	case obj == nil && !s.Initialized():
 		s.Fail(health, nil, filesource.Failure{
-			Key: "absent", Waiting: true, Uncounted: true,
+			Waiting: true, Uncounted: true,
 			Log:    "CiliumNode does not exist yet in the API server: no ENIs, no allocations until it does",
 			Attrs:  []any{"node", node},
 			Health: fmt.Sprintf("waiting for CiliumNode %s in the API server", node),
 		})
 	case obj == nil:
 		s.Fail(health, fmt.Errorf("ciliumnodes/%s: not found in the API server", node), filesource.Failure{
-			Key: "deleted", Uncounted: true, Announce: true,
+			Uncounted: true, Announce: true,
 			Log:    "CiliumNode was deleted from the API server: keeping the last ENIs",
 			Attrs:  []any{"node", node},
 			Health: "CiliumNode deleted, keeping the last ENIs",

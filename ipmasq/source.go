@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"io/fs"
-	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"time"
@@ -34,7 +33,6 @@ func ReadFile(path string) (Desired, error) {
 // arrives.
 type source struct {
 	*filesource.Source[*CIDR, netip.Prefix]
-	log    *slog.Logger
 	resync time.Duration // --ip-masq-agent-resync-interval
 	// fileResync is the resyncInterval of the file in force (0: not set);
 	// period is the re-read period in force: fileResync, else resync.
@@ -43,7 +41,7 @@ type source struct {
 
 func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 	path, resync := p.Node.IPMasqAgent.ConfigPath, p.Config.IPMasqAgentResyncInterval
-	s := &source{log: p.Log, resync: resync, period: resync}
+	s := &source{resync: resync, period: resync}
 	s.Source = &filesource.Source[*CIDR, netip.Prefix]{
 		Dir:    filepath.Dir(path),
 		Period: s.rereadPeriod,
@@ -77,7 +75,7 @@ func (s *source) rereadPeriod() time.Duration {
 		if s.fileResync != 0 {
 			from = "the file's resyncInterval"
 		}
-		s.log.Info("ip-masq-agent config re-read period", "period", period, "from", from)
+		s.Log.Info("ip-masq-agent config re-read period", "period", period, "from", from)
 		s.period = period
 	}
 	return s.period

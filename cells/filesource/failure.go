@@ -31,13 +31,11 @@ type Messages struct {
 // state: a missing input may be "not yet" before the first good read and
 // "gone, keeping the last state" after it.
 type Failure struct {
-	// Log is logged once per distinct Key (the error's text when empty;
-	// required when there is no error):
-	// at Error, or at Info when Waiting. Its attributes are Attrs, or
-	// "error" and the error when Attrs is nil.
+	// Log is logged once per distinct Log and error: at Error, or at Info
+	// when Waiting. Its attributes are Attrs, or "error" and the error when
+	// Attrs is nil.
 	Log   string
 	Attrs []any
-	Key   string
 	// Health is the Degraded reason, given with the error; with Waiting it
 	// is the text of health OK.
 	Health string
@@ -61,9 +59,9 @@ func (s *Source[Obj, K]) Fail(health cell.Health, err error, f Failure) {
 	if !f.Uncounted {
 		s.Metrics.Error()
 	}
-	key := f.Key
-	if key == "" {
-		key = err.Error()
+	key := f.Log
+	if err != nil {
+		key += ": " + err.Error()
 	}
 	if key != s.lastErr {
 		s.lastErr, s.announce = key, f.Announce

@@ -19,10 +19,8 @@ type Input[Obj any] struct {
 	Rows     []Obj
 	Warnings []string // logged once per distinct set
 	Summary  string   // the health OK text; logged when it changes
-	// Incomplete: a part of the input has never been good (a file of a
-	// directory that was never valid). Its rows still apply, but the table
-	// is not initialized: what that part held before a restart is not
-	// pruned.
+	// Incomplete: a part of the input never was good (its rows before a
+	// restart are unknown): the rows apply, the table is not initialized.
 	Incomplete bool
 }
 
@@ -71,11 +69,23 @@ func (s *Source[Obj, K]) Initialized() bool { return s.InitDone == nil }
 // Update puts in into the table and reports health: OK with in's summary,
 // or, with err, the failure (and, without in, the table stays as it is).
 func (s *Source[Obj, K]) Update(health cell.Health, in *Input[Obj], err error) {
-	if in == nil {
+	if in != nil {
+		s.apply(in, err == nil)
+	}
+	if err != nil {
 		s.Fail(health, err, s.Failure(err))
 		return
 	}
-	if err == nil && s.lastErr != "" {
+	s.Metrics.Success()
+	health.OK(in.Summary)
+}
+
+// apply writes the difference between the table and in (unchanged rows
+// keep their revision), initializes the table the first time in is
+// complete, and logs what is new: the input good again, the warnings, the
+// rows changed or the summary.
+func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
+	if good && s.lastErr != "" {
 		if s.announce {
 			s.ValidAgain.log(s.Log, slog.LevelInfo)
 		}
@@ -87,23 +97,6 @@ func (s *Source[Obj, K]) Update(health cell.Health, in *Input[Obj], err error) {
 			s.Warning.log(s.Log, slog.LevelWarn, "warning", warning)
 		}
 	}
-	changed := s.apply(in)
-	if changed > 0 || in.Summary != s.lastSummary {
-		s.Applied.log(s.Log, slog.LevelInfo, "summary", in.Summary, "rows-changed", changed)
-		s.lastSummary = in.Summary
-	}
-	if err != nil {
-		s.Fail(health, err, s.Failure(err))
-		return
-	}
-	s.Metrics.Success()
-	health.OK(in.Summary)
-}
-
-// apply writes the difference between the table and in (unchanged rows
-// keep their revision) and initializes the table the first time in is
-// complete. It returns the number of rows inserted, changed or deleted.
-func (s *Source[Obj, K]) apply(in *Input[Obj]) int {
 	wtxn := s.DB.WriteTxn(s.Table)
 	changed := s.Rows.Sync(wtxn, s.Table, in.Rows)
 	if s.InitDone != nil && !in.Incomplete {
@@ -111,5 +104,8 @@ func (s *Source[Obj, K]) apply(in *Input[Obj]) int {
 		s.InitDone = nil
 	}
 	wtxn.Commit()
-	return changed
+	if changed > 0 || in.Summary != s.lastSummary {
+		s.Applied.log(s.Log, slog.LevelInfo, "summary", in.Summary, "rows-changed", changed)
+		s.lastSummary = in.Summary
+	}
 }

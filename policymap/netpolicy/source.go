@@ -29,11 +29,9 @@ import (
 // may hold objects a previous run programmed: the table is initialized (and
 // the maps pruned) only once every file has been valid.
 type policySource struct {
-	*filesource.Source[*PolicyEndpoint, string]
-	dir    string
-	resync time.Duration
-	node   nodeconfig.Config
-	files  filesource.Parts[*policyFile] // last good version, by file name
+	*filesource.Source[*PolicyEndpoint, string] // Dir is the directory
+	node                                        nodeconfig.Config
+	files                                       filesource.Parts[*policyFile] // last good version, by file name
 }
 
 // policyFile is the last good version of one file.
@@ -43,17 +41,18 @@ type policyFile struct {
 }
 
 func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *policySource {
-	s := &policySource{dir: p.Policy.PolicyEndpointsPath, resync: p.Policy.PolicyEndpointsResyncInterval, node: p.Node}
+	dir, resync := p.Policy.PolicyEndpointsPath, p.Policy.PolicyEndpointsResyncInterval
+	s := &policySource{node: p.Node}
 	s.Source = &filesource.Source[*PolicyEndpoint, string]{
-		Dir:    s.dir,
-		Period: func() time.Duration { return s.resync },
+		Dir:    dir,
+		Period: func() time.Duration { return resync },
 		Read:   s.read,
 		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: keeping the last good objects of the files in error",
 			Health: "invalid PolicyEndpoint files, keeping their last good objects", Announce: true}),
 		Messages: filesource.Messages{
 			Warning:    filesource.Line{Msg: "PolicyEndpoint"},
 			Applied:    filesource.Line{Msg: "Applied PolicyEndpoints"},
-			ValidAgain: filesource.Line{Msg: "PolicyEndpoint files are valid again", Attrs: []any{"dir", s.dir}},
+			ValidAgain: filesource.Line{Msg: "PolicyEndpoint files are valid again", Attrs: []any{"dir", dir}},
 		},
 		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone,
 		Rows: tablesync.Rows[*PolicyEndpoint, string]{
@@ -76,11 +75,13 @@ func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 		return nil, err
 	}
 	files, complete, errs := s.files.Read(names, s.readFile)
-	desired, warnings := s.merge(names, files)
+	in := s.input(merge(names, files))
+	slices.Sort(in.Warnings)
+	in.Summary, in.Incomplete = summary, !complete
 	if summary == "" {
-		summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(desired), len(names), s.dir)
+		in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(in.Rows), len(names), s.Dir)
 	}
-	return &filesource.Input[*PolicyEndpoint]{Rows: desired, Warnings: warnings, Summary: summary, Incomplete: !complete}, errs
+	return in, errs
 }
 
 // listFiles returns the names of the files in the directory, sorted,
@@ -88,9 +89,9 @@ func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 // timestamped directories; the files are symlinks into them). A missing
 // directory has no files; the summary then says so.
 func (s *policySource) listFiles() ([]string, string, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := os.ReadDir(s.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Sprintf("%s does not exist: no PolicyEndpoints", s.dir), nil
+		return nil, fmt.Sprintf("%s does not exist: no PolicyEndpoints", s.Dir), nil
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("read PolicyEndpoint directory: %w", err)
@@ -105,7 +106,7 @@ func (s *policySource) listFiles() ([]string, string, error) {
 		// (lost+found on a volume's root) are skipped; any other entry is
 		// read, so that a FIFO, a device or a socket is refused with what it
 		// is (filewatch.ReadRegular).
-		if fi, err := os.Stat(filepath.Join(s.dir, name)); err != nil || fi.IsDir() { // follows symlinks
+		if fi, err := os.Stat(filepath.Join(s.Dir, name)); err != nil || fi.IsDir() { // follows symlinks
 			continue
 		}
 		names = append(names, name)
@@ -116,7 +117,7 @@ func (s *policySource) listFiles() ([]string, string, error) {
 // readFile reads and parses one file, reusing the last good parse when the
 // content is unchanged.
 func (s *policySource) readFile(name string, last *policyFile) (*policyFile, error) {
-	path := filepath.Join(s.dir, name)
+	path := filepath.Join(s.Dir, name)
 	data, err := filewatch.ReadRegular(path, MaxPolicyEndpointFileSize)
 	if err != nil {
 		return nil, err
@@ -132,12 +133,11 @@ func (s *policySource) readFile(name string, last *policyFile) (*policyFile, err
 	return &policyFile{digest: digest, endpoints: pes}, nil
 }
 
-// merge returns the objects of all files, sorted by key, each with its
-// warnings (the parser's and this node's), and all the warnings. An object
-// defined in two files is taken from the first by name, with a warning.
-func (s *policySource) merge(names []string, files map[string]*policyFile) ([]*PolicyEndpoint, []string) {
-	desired := map[string]*PolicyEndpoint{}
-	extra := map[string][]string{}
+// merge returns the objects of all files by key, and the warnings to add
+// to them: an object defined in two files is taken from the first by name,
+// with a warning.
+func merge(names []string, files map[string]*policyFile) (map[string]*PolicyEndpoint, map[string][]string) {
+	desired, extra := map[string]*PolicyEndpoint{}, map[string][]string{}
 	for _, name := range names {
 		f := files[name]
 		if f == nil {
@@ -151,28 +151,27 @@ func (s *policySource) merge(names []string, files map[string]*policyFile) ([]*P
 			desired[pe.Key()] = pe
 		}
 	}
-	var rows []*PolicyEndpoint
-	var all []string
-	for _, key := range slices.Sorted(maps.Keys(desired)) {
-		pe := withWarnings(desired[key], append(nodeWarnings(desired[key], s.node), extra[key]...))
-		for _, w := range pe.Warnings {
-			all = append(all, key+": "+w)
-		}
-		rows = append(rows, pe)
-	}
-	slices.Sort(all)
-	return rows, all
+	return desired, extra
 }
 
-// withWarnings is pe with more warnings (a copy: pe may be a file's last
-// good version).
-func withWarnings(pe *PolicyEndpoint, more []string) *PolicyEndpoint {
-	if len(more) == 0 {
-		return pe
+// input is the rows of desired, sorted by key, each with the warnings of
+// this node (nodeWarnings) and extra added (to a copy: the object may be a
+// last good version), and all their warnings, each prefixed with its key.
+func (s *policySource) input(desired map[string]*PolicyEndpoint, extra map[string][]string) *filesource.Input[*PolicyEndpoint] {
+	in := &filesource.Input[*PolicyEndpoint]{}
+	for _, key := range slices.Sorted(maps.Keys(desired)) {
+		pe := desired[key]
+		if more := append(nodeWarnings(pe, s.node), extra[key]...); len(more) > 0 {
+			c := *pe
+			c.Warnings = append(slices.Clone(pe.Warnings), more...)
+			pe = &c
+		}
+		for _, w := range pe.Warnings {
+			in.Warnings = append(in.Warnings, key+": "+w)
+		}
+		in.Rows = append(in.Rows, pe)
 	}
-	c := *pe
-	c.Warnings = append(slices.Clone(pe.Warnings), more...)
-	return &c
+	return in
 }
 
 // nodeWarnings names what of pe this node does not program: pod IPs and

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -54,9 +52,7 @@ type policyObject struct {
 }
 
 func newPolicyK8sSource(s *policySource, client *k8sclient.Client, nodeIPs statedb.Table[*nodeips.NodeIP]) *policyK8sSource {
-	s.Failure = func(err error) filesource.Failure {
-		return apiFailure("invalid PolicyEndpoints, keeping their last good versions", err)
-	}
+	s.Failure = filesource.Always(apiFailure("invalid PolicyEndpoints, keeping their last good versions"))
 	s.ValidAgain = filesource.Line{Msg: "PolicyEndpoints are valid and the API server answers again"}
 	return &policyK8sSource{policySource: s, client: client, nodeIPs: nodeIPs}
 }
@@ -81,7 +77,7 @@ func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
 		defer close(done)
 		// The node's addresses change without a PolicyEndpoint event:
 		// re-evaluate on every change of node-ips and every resync.
-		t := time.NewTicker(s.resync)
+		t := time.NewTicker(s.Period())
 		defer t.Stop()
 		for {
 			txn := s.DB.ReadTxn()
@@ -126,12 +122,12 @@ func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
 
 func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapshot) {
 	if snap.Err != nil {
-		s.Fail(health, snap.Err, apiFailure("API server error, keeping the PolicyEndpoints as they are, retrying", snap.Err))
+		s.Fail(health, snap.Err, apiFailure("API server error, keeping the PolicyEndpoints as they are, retrying"))
 		return
 	}
 	addrs, err := s.addresses()
 	if err != nil {
-		s.Fail(health, err, apiFailure("cannot tell the pods of this node, keeping the PolicyEndpoints as they are", err))
+		s.Fail(health, err, apiFailure("cannot tell the pods of this node, keeping the PolicyEndpoints as they are"))
 		return
 	}
 	byKey := make(map[string]*unstructured.Unstructured, len(snap.Objects))
@@ -153,31 +149,21 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 		return &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}, nil
 	})
 
-	var desired []*PolicyEndpoint
-	var warnings []string
-	for _, key := range slices.Sorted(maps.Keys(current)) {
-		pe := podsOnNode(current[key].pe, addrs)
-		if pe == nil {
-			continue // no pod of this node
+	desired := map[string]*PolicyEndpoint{}
+	for key, obj := range current {
+		if pe := podsOnNode(obj.pe, addrs); pe != nil { // else no pod of this node
+			desired[key] = pe
 		}
-		pe = withWarnings(pe, nodeWarnings(pe, s.node))
-		for _, w := range pe.Warnings {
-			warnings = append(warnings, key+": "+w)
-		}
-		desired = append(desired, pe)
 	}
-	summary := fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(desired), len(current))
-	s.Update(health, &filesource.Input[*PolicyEndpoint]{Rows: desired, Warnings: warnings, Summary: summary, Incomplete: !complete}, errs)
+	in := s.input(desired, nil)
+	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
+	in.Incomplete = !complete
+	s.Update(health, in, errs)
 }
 
 // apiFailure reports a failure of the API source: reason says what stays.
-func apiFailure(reason string, err error) filesource.Failure {
-	return filesource.Failure{
-		Key:      reason + ": " + err.Error(),
-		Log:      "PolicyEndpoints: " + reason,
-		Health:   "PolicyEndpoints: " + reason,
-		Announce: true,
-	}
+func apiFailure(reason string) filesource.Failure {
+	return filesource.Failure{Log: "PolicyEndpoints: " + reason, Health: "PolicyEndpoints: " + reason, Announce: true}
 }
 
 // parseAPIObject runs one object from the API server through the file
