@@ -6,8 +6,8 @@
 // features, the way Cilium's daemon/cmd/cells.go sits on pkg/hive. Below it,
 // cells/infra (statedb, jobs, health, shell, the unix-socket API, the node
 // flags), cells/nodeconfig (the settings the embedding agent owns),
-// cells/k8sclient, cells/filewatch, cells/tablesync and cells/errtext import
-// no feature.
+// cells/k8sclient, cells/filewatch, cells/filesource, cells/tablesync,
+// cells/scriptcmd, cells/nodeips and cells/errtext import no feature.
 // The Cilium agent build (cmd/cilium-agent, its own module) links Features
 // into Cilium's hive and provides nodeconfig.Config from Cilium's options.
 package cells

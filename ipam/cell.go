@@ -157,20 +157,11 @@ func registerSource(p sourceParams) error {
 	wtxn := p.DB.WriteTxn(p.Table)
 	initDone := p.Table.RegisterInitializer(wtxn, "ciliumnode")
 	wtxn.Commit()
-	s := &source{
-		path:     p.Config.CiliumNodePath,
-		resync:   p.Config.CiliumNodeResync,
-		log:      p.Log,
-		db:       p.DB,
-		table:    p.Table,
-		initDone: initDone,
-		metrics:  p.Metrics.source,
-	}
 	if p.Client != nil && p.Client.IsEnabled() {
-		p.Jobs.Add(job.OneShot("watch-ciliumnode", newK8sSource(s, p.Client).run))
+		p.Jobs.Add(job.OneShot("watch-ciliumnode", newK8sSource(p, initDone).run))
 		return nil
 	}
-	p.Jobs.Add(job.OneShot("watch-ciliumnode", s.run))
+	p.Jobs.Add(job.OneShot("watch-ciliumnode", newSource(p.Config.CiliumNodePath, p, initDone).Run))
 	return nil
 }
 

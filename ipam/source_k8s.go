@@ -6,15 +6,17 @@ import (
 	"fmt"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 )
 
 // k8sSource keeps the enis table in step with the CiliumNode named after
 // this node in the API server. It feeds the object, as JSON, to the same
-// parser as the file source (ParseCiliumNode) and the same DiffENIs, so the
+// parser as the file source (ParseCiliumNode) and the same rows, so the
 // same object gives the same rows from a file or from the API.
 //
 // The table is initialized once the informer has synced and the object has
@@ -26,9 +28,11 @@ type k8sSource struct {
 	client  *k8sclient.Client
 }
 
-func newK8sSource(s *source, client *k8sclient.Client) *k8sSource {
-	s.path = "ciliumnodes/" + client.NodeName()
-	return &k8sSource{source: s, client: client}
+func newK8sSource(p sourceParams, initDone func(statedb.WriteTxn)) *k8sSource {
+	node := p.Client.NodeName()
+	s := newSource("ciliumnodes/"+node, p, initDone)
+	s.ValidAgain = filesource.Line{Msg: "CiliumNode is valid and reachable again", Attrs: []any{"node", node}}
+	return &k8sSource{source: s, client: p.Client}
 }
 
 // checkCiliumNodeSource rejects an explicit --ciliumnode-path together with
@@ -45,7 +49,7 @@ func checkCiliumNodeSource(cfg Config, client *k8sclient.Client) error {
 
 func (s *k8sSource) run(ctx context.Context, health cell.Health) error {
 	node := s.client.NodeName()
-	s.log.Info("Watching the CiliumNode in the API server", "node", node, "api-server", s.client.Host())
+	s.Log.Info("Watching the CiliumNode in the API server", "node", node, "api-server", s.client.Host())
 	s.client.Watch(ctx, k8sclient.CiliumNodes, "", func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
 	}, func(snap k8sclient.Snapshot) { s.update(health, snap) })
@@ -56,14 +60,15 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 	node := s.client.NodeName()
 	if snap.Err != nil {
 		kept := "keeping the last ENIs"
-		if s.initDone != nil {
+		if !s.Initialized() {
 			kept = "no ENIs yet"
 		}
-		s.logOnce(fmt.Sprintf("API server: %s", snap.Err), func() {
-			s.log.Error("CiliumNode: API server error, retrying", "node", node, "state", kept, "error", snap.Err)
+		s.Fail(health, snap.Err, filesource.Failure{
+			Log:      "CiliumNode: API server error, retrying",
+			Attrs:    []any{"node", node, "state", kept, "error", snap.Err},
+			Health:   fmt.Sprintf("CiliumNode %s: API server error, %s, retrying", node, kept),
+			Announce: s.Initialized(),
 		})
-		s.metrics.Error()
-		health.Degraded(fmt.Sprintf("CiliumNode %s: API server error, %s, retrying", node, kept), snap.Err)
 		return
 	}
 	var obj map[string]any
@@ -72,42 +77,32 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 			obj = o.Object
 		}
 	}
-	if obj == nil {
-		if s.initDone != nil {
-			s.logOnce("absent", func() {
-				s.log.Info("CiliumNode does not exist yet in the API server: no ENIs, no allocations until it does", "node", node)
-			})
-			health.OK(fmt.Sprintf("waiting for CiliumNode %s in the API server", node))
-			return
-		}
-		err := fmt.Errorf("ciliumnodes/%s: not found in the API server", node)
-		s.logOnce("deleted", func() {
-			s.log.Error("CiliumNode was deleted from the API server: keeping the last ENIs", "node", node)
+	switch {
+	case obj == nil && !s.Initialized():
+		s.Fail(health, nil, filesource.Failure{
+			Waiting: true, Uncounted: true,
+			Log:    "CiliumNode does not exist yet in the API server: no ENIs, no allocations until it does",
+			Attrs:  []any{"node", node},
+			Health: fmt.Sprintf("waiting for CiliumNode %s in the API server", node),
 		})
-		health.Degraded("CiliumNode deleted, keeping the last ENIs", err)
-		return
+	case obj == nil:
+		s.Fail(health, fmt.Errorf("ciliumnodes/%s: not found in the API server", node), filesource.Failure{
+			Uncounted: true, Announce: true,
+			Log:    "CiliumNode was deleted from the API server: keeping the last ENIs",
+			Attrs:  []any{"node", node},
+			Health: "CiliumNode deleted, keeping the last ENIs",
+		})
+	default:
+		in, err := s.parse(obj)
+		s.Update(health, in, err)
 	}
-	data, err := json.Marshal(obj)
-	if err != nil {
-		s.fail(health, fmt.Errorf("%s: %w", s.path, err))
-		return
-	}
-	n, err := ParseCiliumNode(s.path, data)
-	if err != nil {
-		s.fail(health, err)
-		return
-	}
-	if s.lastErr != "" && s.initDone == nil {
-		s.log.Info("CiliumNode is valid and reachable again", "node", node)
-	}
-	s.lastErr = ""
-	s.apply(health, n)
 }
 
-// logOnce runs log when key differs from the last error logged.
-func (s *k8sSource) logOnce(key string, log func()) {
-	if key != s.lastErr {
-		s.lastErr = key
-		log()
+// parse runs the object through the file's parser.
+func (s *k8sSource) parse(obj map[string]any) (*filesource.Input[*ENI], error) {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.path, err)
 	}
+	return input(ParseCiliumNode(s.path, data))
 }

@@ -7,36 +7,18 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/test/k8stest"
 )
-
-// healthRecorder is a cell.Health that keeps the last report.
-type healthRecorder struct {
-	mu   sync.Mutex
-	last string
-}
-
-func (h *healthRecorder) set(s string) { h.mu.Lock(); h.last = s; h.mu.Unlock() }
-func (h *healthRecorder) get() string  { h.mu.Lock(); defer h.mu.Unlock(); return h.last }
-
-func (h *healthRecorder) OK(status string)      { h.set("OK: " + status) }
-func (h *healthRecorder) Stopped(reason string) { h.set("Stopped: " + reason) }
-func (h *healthRecorder) Degraded(reason string, err error) {
-	h.set(fmt.Sprintf("Degraded: %s: %v", reason, err))
-}
-func (h *healthRecorder) NewScope(string) cell.Health { return h }
-func (h *healthRecorder) Close()                      {}
 
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -112,8 +94,8 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 	initDone := table.RegisterInitializer(wtxn, "ciliumnode")
 	wtxn.Commit()
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelDebug))
-	src := newK8sSource(&source{log: log, db: db, table: table, initDone: initDone}, client)
-	health := &healthRecorder{}
+	src := newK8sSource(sourceParams{Log: log, DB: db, Table: table, Metrics: &ipamMetrics{}, Client: client}, initDone)
+	health := &celltest.Health{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); src.run(ctx, health) }()
@@ -123,7 +105,7 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 
 	// No object yet: waiting, uninitialized, no rows.
 	eventually(t, "waiting for the CiliumNode", func() (bool, string) {
-		h := health.get()
+		h := health.Get()
 		return strings.HasPrefix(h, "OK: waiting for CiliumNode "+node), h
 	})
 	if initialized() || len(eniRows(db, table)) != 0 {
@@ -134,9 +116,9 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 	c.MustApply(t, sample)
 	eventually(t, "enis rows from the API", func() (bool, string) {
 		rows := eniRows(db, table)
-		return initialized() && sameENIs(rows, fromFile.ENIs), describeENIs(rows) + " / " + health.get()
+		return initialized() && sameENIs(rows, fromFile.ENIs), describeENIs(rows) + " / " + health.Get()
 	})
-	if h := health.get(); h != "OK: "+fromFile.Summary() {
+	if h := health.Get(); h != "OK: "+fromFile.Summary() {
 		t.Fatalf("health %q, want OK: %s", h, fromFile.Summary())
 	}
 
@@ -164,7 +146,7 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "Degraded after delete", func() (bool, string) {
-		h := health.get()
+		h := health.Get()
 		return strings.HasPrefix(h, "Degraded: CiliumNode deleted, keeping the last ENIs"), h
 	})
 	if rows := eniRows(db, table); !sameENIs(rows, before) || poolSize() != want {
@@ -175,13 +157,13 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 	c.MustApply(t, sample)
 	eventually(t, "OK after re-create", func() (bool, string) {
 		rows := eniRows(db, table)
-		return sameENIs(rows, fromFile.ENIs) && strings.HasPrefix(health.get(), "OK: "), describeENIs(rows) + " / " + health.get()
+		return sameENIs(rows, fromFile.ENIs) && strings.HasPrefix(health.Get(), "OK: "), describeENIs(rows) + " / " + health.Get()
 	})
 
 	// API server away: rows kept, Degraded; back: OK.
 	c.StopAPIServer(t)
 	eventually(t, "Degraded while the API server is away", func() (bool, string) {
-		h := health.get()
+		h := health.Get()
 		return strings.HasPrefix(h, "Degraded: CiliumNode "+node+": API server error, keeping the last ENIs"), h
 	})
 	if rows := eniRows(db, table); !sameENIs(rows, fromFile.ENIs) {
@@ -189,7 +171,7 @@ func TestK8sCiliumNodeSource(t *testing.T) {
 	}
 	c.StartAPIServer(t)
 	eventually(t, "OK after the outage", func() (bool, string) {
-		h := health.get()
+		h := health.Get()
 		return h == "OK: "+fromFile.Summary(), h
 	})
 }
@@ -238,7 +220,7 @@ func TestK8sReportUsed(t *testing.T) {
 	allocs.Insert(wtxn, &Allocation{IP: netip.MustParseAddr("10.130.100.133"), Owner: "shop/web-0", ENI: "eni-0a1b2c3d4e5f00001", State: StateRestored})
 	wtxn.Commit()
 
-	health := &healthRecorder{}
+	health := &celltest.Health{}
 	r := &usedReporter{client: client, log: hivetest.Logger(t), db: db, allocs: allocs,
 		resync: 200 * time.Millisecond, retryMin: 50 * time.Millisecond, retryMax: 200 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -270,7 +252,7 @@ func TestK8sReportUsed(t *testing.T) {
 	want := map[string]any{"10.130.100.133": map[string]any{"owner": "shop/web-0", "resource": "eni-0a1b2c3d4e5f00001"}}
 	eventually(t, "status.ipam.used after restore", func() (bool, string) {
 		m, s := used()
-		return reflect.DeepEqual(m, want), s + " / " + health.get()
+		return reflect.DeepEqual(m, want), s + " / " + health.Get()
 	})
 
 	// A pod allocated: it appears.
@@ -280,7 +262,7 @@ func TestK8sReportUsed(t *testing.T) {
 	want["10.130.112.20"] = map[string]any{"owner": "shop/db-0", "resource": "eni-0a1b2c3d4e5f00002"}
 	eventually(t, "a new allocation reported", func() (bool, string) {
 		m, s := used()
-		return reflect.DeepEqual(m, want), s + " / " + health.get()
+		return reflect.DeepEqual(m, want), s + " / " + health.Get()
 	})
 
 	// Another client clears the status (as a re-created object would have
@@ -298,9 +280,9 @@ func TestK8sReportUsed(t *testing.T) {
 	}
 	eventually(t, "status.ipam.used restored by the resync", func() (bool, string) {
 		m, s := used()
-		return reflect.DeepEqual(m, want), s + " / " + health.get()
+		return reflect.DeepEqual(m, want), s + " / " + health.Get()
 	})
-	if h := health.get(); h != "OK: 2 IPs in status.ipam.used of ciliumnodes/"+sample.GetName() {
+	if h := health.Get(); h != "OK: 2 IPs in status.ipam.used of ciliumnodes/"+sample.GetName() {
 		t.Errorf("health %q", h)
 	}
 }

@@ -65,15 +65,6 @@ func registerSource(p sourceParams) error {
 	}
 	wtxn.Commit()
 
-	s := &source{
-		path:     agent.ConfigPath,
-		resync:   p.Config.IPMasqAgentResyncInterval,
-		log:      p.Log,
-		db:       p.DB,
-		table:    p.Table,
-		initDone: initDone,
-		metrics:  p.Metrics,
-	}
-	p.Jobs.Add(job.OneShot("watch-config", s.run))
+	p.Jobs.Add(job.OneShot("watch-config", newSource(p, initDone).Run))
 	return nil
 }

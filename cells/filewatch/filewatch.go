@@ -31,8 +31,8 @@ const debounce = 50 * time.Millisecond
 // when it appears; the periodic call is the safety net for missed events.
 // ConfigMap updates (a `..data` symlink swap in dir) are changes in dir.
 //
-// It is the file source of the ip-masq-agent config, the PolicyEndpoint
-// directory and the CiliumNode file.
+// It drives filesource.Source, the file source of the ip-masq-agent config,
+// the PolicyEndpoint directory and the CiliumNode file.
 func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Duration, reload func()) error {
 	return WatchDirPeriod(ctx, log, dir, func() time.Duration { return resync }, reload)
 }

@@ -101,27 +101,15 @@ func registerPolicySource(p policySourceParams) error {
 	}
 	wtxn.Commit()
 
-	s := &policySource{
-		dir:      p.Policy.PolicyEndpointsPath,
-		resync:   p.Policy.PolicyEndpointsResyncInterval,
-		log:      p.Log,
-		db:       p.DB,
-		table:    p.Table,
-		node:     p.Node,
-		initDone: initDone,
-	}
-	if p.Metrics != nil {
-		s.metrics = p.Metrics.source
-	}
+	s := newPolicySource(p, initDone)
 	if api {
 		if p.NodeIPs == nil {
 			return fmt.Errorf("PolicyEndpoints from the API server need the %s table (nodeips.Cell) to tell the pods of this node", nodeips.TableName)
 		}
-		k := &policyK8sSource{policySource: s, client: p.Client, nodeIPs: p.NodeIPs}
-		p.Jobs.Add(job.OneShot("watch-policy-endpoints", k.run))
+		p.Jobs.Add(job.OneShot("watch-policy-endpoints", newPolicyK8sSource(s, p.Client, p.NodeIPs).run))
 		return nil
 	}
-	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.run))
+	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.Run))
 	return nil
 }
 

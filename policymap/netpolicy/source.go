@@ -1,12 +1,10 @@
 package netpolicy
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,34 +13,25 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/filewatch"
-	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // policySource keeps policy-endpoints equal to the PolicyEndpoint files of
 // a directory. Each file stands alone: an invalid file keeps the objects of
 // its last good version (none if it never was valid) and marks the source
-// Degraded, while the other files still apply.
+// Degraded, while the other files still apply. A file that was never valid
+// may hold objects a previous run programmed: the table is initialized (and
+// the maps pruned) only once every file has been valid.
 type policySource struct {
-	dir      string
-	resync   time.Duration
-	log      *slog.Logger
-	db       *statedb.DB
-	table    statedb.RWTable[*PolicyEndpoint]
-	node     nodeconfig.Config
-	initDone func(statedb.WriteTxn) // nil once the table is initialized
-	metrics  *metrics.Source
-
-	files map[string]*policyFile // last good version, by file name
-
-	lastErr      string // logged once per distinct error
-	lastWarnings string // logged once per distinct set
-	lastSummary  string
+	*filesource.Source[*PolicyEndpoint, string] // Dir is the directory
+	node                                        nodeconfig.Config
+	files                                       filesource.Parts[*policyFile] // last good version, by file name
 }
 
 // policyFile is the last good version of one file.
@@ -51,79 +40,48 @@ type policyFile struct {
 	endpoints []*PolicyEndpoint
 }
 
-// run watches the directory (or its nearest existing ancestor while it is
-// missing) and re-reads it on changes and every resync period.
-func (s *policySource) run(ctx context.Context, health cell.Health) error {
-	return filewatch.WatchDir(ctx, s.log, s.dir, s.resync, func() { s.reload(health) })
+func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *policySource {
+	dir, resync := p.Policy.PolicyEndpointsPath, p.Policy.PolicyEndpointsResyncInterval
+	s := &policySource{node: p.Node}
+	s.Source = &filesource.Source[*PolicyEndpoint, string]{
+		Dir:    dir,
+		Period: func() time.Duration { return resync },
+		Read:   s.read,
+		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: keeping the last good objects of the files in error",
+			Health: "invalid PolicyEndpoint files, keeping their last good objects", Announce: true}),
+		Messages: filesource.Messages{
+			Warning:    filesource.Line{Msg: "PolicyEndpoint"},
+			Applied:    filesource.Line{Msg: "Applied PolicyEndpoints"},
+			ValidAgain: filesource.Line{Msg: "PolicyEndpoint files are valid again", Attrs: []any{"dir", dir}},
+		},
+		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone,
+		Rows: tablesync.Rows[*PolicyEndpoint, string]{
+			Key:   (*PolicyEndpoint).Key,
+			Query: PolicyEndpointNameIndex.Query,
+			Same:  func(old, pe *PolicyEndpoint) bool { return old == pe || reflect.DeepEqual(old, pe) },
+		},
+	}
+	if p.Metrics != nil {
+		s.Metrics = p.Metrics.source
+	}
+	return s
 }
 
-// reload reads the directory and applies it.
-func (s *policySource) reload(health cell.Health) {
-	if s.files == nil {
-		s.files = map[string]*policyFile{}
-	}
+// read reads the directory: the objects of the good version of each file,
+// merged, and the errors of the files in error.
+func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 	names, summary, err := s.listFiles()
 	if err != nil {
-		s.report(health, err, "")
-		return
+		return nil, err
 	}
-	var errs []error
-	complete := true // every file has a good version
-	current := map[string]*policyFile{}
-	for _, name := range names {
-		f, err := s.readFile(name, s.files[name])
-		if err != nil {
-			errs = append(errs, err)
-			if last := s.files[name]; last != nil {
-				current[name] = last // keep the last good version
-			} else {
-				complete = false
-			}
-			continue
-		}
-		current[name] = f
-	}
-	s.files = current
-
-	desired, warnings := s.merge(names)
-	// A file that was never valid may hold objects a previous run
-	// programmed: the table is initialized (and the maps pruned) only once
-	// every file has been valid. Until then the valid files still apply.
-	changed := s.apply(desired, complete)
+	files, complete, errs := s.files.Read(names, s.readFile)
+	in := s.input(merge(names, files))
+	slices.Sort(in.Warnings)
+	in.Summary, in.Incomplete = summary, !complete
 	if summary == "" {
-		summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(desired), len(names), s.dir)
+		in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(in.Rows), len(names), s.Dir)
 	}
-	if w := strings.Join(warnings, "\n"); w != s.lastWarnings {
-		s.lastWarnings = w
-		for _, warning := range warnings {
-			s.log.Warn("PolicyEndpoint", "warning", warning)
-		}
-	}
-	if changed > 0 || summary != s.lastSummary {
-		s.log.Info("Applied PolicyEndpoints", "summary", summary, "rows-changed", changed)
-		s.lastSummary = summary
-	}
-	s.report(health, errors.Join(errs...), summary)
-}
-
-// report sets health: Degraded while any file is invalid (its last good
-// objects stay), OK otherwise.
-func (s *policySource) report(health cell.Health, err error, summary string) {
-	if err != nil {
-		s.metrics.Error()
-		if msg := err.Error(); msg != s.lastErr {
-			s.lastErr = msg
-			s.log.Error("Invalid PolicyEndpoints: keeping the last good objects of the files in error", "error", err)
-		}
-		health.Degraded("invalid PolicyEndpoint files, keeping their last good objects", err)
-		return
-	}
-	if s.lastErr != "" {
-		s.log.Info("PolicyEndpoint files are valid again", "dir", s.dir)
-		s.lastErr = ""
-	}
-	s.metrics.Success()
-	health.OK(summary)
+	return in, errs
 }
 
 // listFiles returns the names of the files in the directory, sorted,
@@ -131,9 +89,9 @@ func (s *policySource) report(health cell.Health, err error, summary string) {
 // timestamped directories; the files are symlinks into them). A missing
 // directory has no files; the summary then says so.
 func (s *policySource) listFiles() ([]string, string, error) {
-	entries, err := os.ReadDir(s.dir)
+	entries, err := os.ReadDir(s.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Sprintf("%s does not exist: no PolicyEndpoints", s.dir), nil
+		return nil, fmt.Sprintf("%s does not exist: no PolicyEndpoints", s.Dir), nil
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("read PolicyEndpoint directory: %w", err)
@@ -148,7 +106,7 @@ func (s *policySource) listFiles() ([]string, string, error) {
 		// (lost+found on a volume's root) are skipped; any other entry is
 		// read, so that a FIFO, a device or a socket is refused with what it
 		// is (filewatch.ReadRegular).
-		if fi, err := os.Stat(filepath.Join(s.dir, name)); err != nil || fi.IsDir() { // follows symlinks
+		if fi, err := os.Stat(filepath.Join(s.Dir, name)); err != nil || fi.IsDir() { // follows symlinks
 			continue
 		}
 		names = append(names, name)
@@ -159,7 +117,7 @@ func (s *policySource) listFiles() ([]string, string, error) {
 // readFile reads and parses one file, reusing the last good parse when the
 // content is unchanged.
 func (s *policySource) readFile(name string, last *policyFile) (*policyFile, error) {
-	path := filepath.Join(s.dir, name)
+	path := filepath.Join(s.Dir, name)
 	data, err := filewatch.ReadRegular(path, MaxPolicyEndpointFileSize)
 	if err != nil {
 		return nil, err
@@ -175,14 +133,13 @@ func (s *policySource) readFile(name string, last *policyFile) (*policyFile, err
 	return &policyFile{digest: digest, endpoints: pes}, nil
 }
 
-// merge returns the objects of all files by key, each with its warnings
-// (the parser's and this node's). An object defined in two files is taken
-// from the first by name, with a warning.
-func (s *policySource) merge(names []string) (map[string]*PolicyEndpoint, []string) {
-	desired := map[string]*PolicyEndpoint{}
-	extra := map[string][]string{}
+// merge returns the objects of all files by key, and the warnings to add
+// to them: an object defined in two files is taken from the first by name,
+// with a warning.
+func merge(names []string, files map[string]*policyFile) (map[string]*PolicyEndpoint, map[string][]string) {
+	desired, extra := map[string]*PolicyEndpoint{}, map[string][]string{}
 	for _, name := range names {
-		f := s.files[name]
+		f := files[name]
 		if f == nil {
 			continue
 		}
@@ -194,21 +151,27 @@ func (s *policySource) merge(names []string) (map[string]*PolicyEndpoint, []stri
 			desired[pe.Key()] = pe
 		}
 	}
-	var all []string
-	for key, pe := range desired {
-		warnings := append(slices.Clone(pe.Warnings), nodeWarnings(pe, s.node)...)
-		warnings = append(warnings, extra[key]...)
-		if len(warnings) != len(pe.Warnings) {
+	return desired, extra
+}
+
+// input is the rows of desired, sorted by key, each with the warnings of
+// this node (nodeWarnings) and extra added (to a copy: the object may be a
+// last good version), and all their warnings, each prefixed with its key.
+func (s *policySource) input(desired map[string]*PolicyEndpoint, extra map[string][]string) *filesource.Input[*PolicyEndpoint] {
+	in := &filesource.Input[*PolicyEndpoint]{}
+	for _, key := range slices.Sorted(maps.Keys(desired)) {
+		pe := desired[key]
+		if more := append(nodeWarnings(pe, s.node), extra[key]...); len(more) > 0 {
 			c := *pe
-			c.Warnings = warnings
-			desired[key] = &c
+			c.Warnings = append(slices.Clone(pe.Warnings), more...)
+			pe = &c
 		}
-		for _, w := range warnings {
-			all = append(all, key+": "+w)
+		for _, w := range pe.Warnings {
+			in.Warnings = append(in.Warnings, key+": "+w)
 		}
+		in.Rows = append(in.Rows, pe)
 	}
-	slices.Sort(all)
-	return desired, all
+	return in
 }
 
 // nodeWarnings names what of pe this node does not program: pod IPs and
@@ -240,37 +203,4 @@ func familyDisabled(a interface{ Is4() bool }) string {
 		return "IPv4 is disabled on this node (--enable-ipv4=false)"
 	}
 	return "IPv6 is disabled on this node (--enable-ipv6=false)"
-}
-
-// apply writes the difference between the table and desired in one
-// transaction; unchanged objects keep their revision. With complete, the
-// table is marked initialized. It returns the number of objects inserted,
-// changed or deleted.
-func (s *policySource) apply(desired map[string]*PolicyEndpoint, complete bool) int {
-	wtxn := s.db.WriteTxn(s.table)
-	var stale []*PolicyEndpoint
-	for old := range s.table.All(wtxn) {
-		if _, ok := desired[old.Key()]; !ok {
-			stale = append(stale, old)
-		}
-	}
-	changed := len(stale)
-	for _, old := range stale {
-		s.table.Delete(wtxn, old)
-	}
-	for _, key := range slices.Sorted(maps.Keys(desired)) {
-		pe := desired[key]
-		old, _, found := s.table.Get(wtxn, PolicyEndpointNameIndex.Query(key))
-		if found && (old == pe || reflect.DeepEqual(old, pe)) {
-			continue
-		}
-		s.table.Insert(wtxn, pe)
-		changed++
-	}
-	if s.initDone != nil && complete {
-		s.initDone(wtxn)
-		s.initDone = nil
-	}
-	wtxn.Commit()
-	return changed
 }

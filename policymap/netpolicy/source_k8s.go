@@ -3,18 +3,16 @@ package netpolicy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeips"
 )
@@ -42,7 +40,7 @@ type policyK8sSource struct {
 	nodeIPs statedb.Table[*nodeips.NodeIP]
 
 	mu       sync.Mutex
-	objects  map[string]*policyObject // last good version, by namespace/name
+	objects  filesource.Parts[*policyObject] // last good version, by namespace/name
 	last     k8sclient.Snapshot
 	haveLast bool
 }
@@ -51,6 +49,12 @@ type policyK8sSource struct {
 type policyObject struct {
 	resourceVersion string
 	pe              *PolicyEndpoint
+}
+
+func newPolicyK8sSource(s *policySource, client *k8sclient.Client, nodeIPs statedb.Table[*nodeips.NodeIP]) *policyK8sSource {
+	s.Failure = filesource.Always(apiFailure("invalid PolicyEndpoints, keeping their last good versions"))
+	s.ValidAgain = filesource.Line{Msg: "PolicyEndpoints are valid and the API server answers again"}
+	return &policyK8sSource{policySource: s, client: client, nodeIPs: nodeIPs}
 }
 
 // checkPolicySource rejects --policy-endpoints-path together with an
@@ -66,17 +70,17 @@ func checkPolicySource(cfg PolicyConfig, client *k8sclient.Client) error {
 }
 
 func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
-	s.log.Info("Watching PolicyEndpoints in the API server", "node", s.client.NodeName(), "api-server", s.client.Host())
+	s.Log.Info("Watching PolicyEndpoints in the API server", "node", s.client.NodeName(), "api-server", s.client.Host())
 	done := make(chan struct{})
 	defer func() { <-done }()
 	go func() {
 		defer close(done)
 		// The node's addresses change without a PolicyEndpoint event:
 		// re-evaluate on every change of node-ips and every resync.
-		t := time.NewTicker(s.resync)
+		t := time.NewTicker(s.Period())
 		defer t.Stop()
 		for {
-			txn := s.db.ReadTxn()
+			txn := s.DB.ReadTxn()
 			_, addrsChanged := s.nodeIPs.AllWatch(txn)
 			var initialized <-chan struct{} // nil (never ready) once initialized
 			if ok, watch := s.nodeIPs.Initialized(txn); !ok {
@@ -109,7 +113,7 @@ func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
 // node-ips is initialized: before that, no pod can be said not to be this
 // node's.
 func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
-	txn := s.db.ReadTxn()
+	txn := s.DB.ReadTxn()
 	if ok, _ := s.nodeIPs.Initialized(txn); !ok {
 		return nil, fmt.Errorf("waiting for the %s table (pending: %v)", nodeips.TableName, s.nodeIPs.PendingInitializers(txn))
 	}
@@ -118,89 +122,48 @@ func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
 
 func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapshot) {
 	if snap.Err != nil {
-		s.reportAPI(health, "API server error, keeping the PolicyEndpoints as they are, retrying", snap.Err)
+		s.Fail(health, snap.Err, apiFailure("API server error, keeping the PolicyEndpoints as they are, retrying"))
 		return
 	}
 	addrs, err := s.addresses()
 	if err != nil {
-		s.reportAPI(health, "cannot tell the pods of this node, keeping the PolicyEndpoints as they are", err)
+		s.Fail(health, err, apiFailure("cannot tell the pods of this node, keeping the PolicyEndpoints as they are"))
 		return
 	}
-	if s.objects == nil {
-		s.objects = map[string]*policyObject{}
-	}
-	var errs []error
-	complete := true // every object has a good version
-	current := map[string]*policyObject{}
+	byKey := make(map[string]*unstructured.Unstructured, len(snap.Objects))
+	keys := make([]string, 0, len(snap.Objects))
 	for _, obj := range snap.Objects {
 		key := obj.GetNamespace() + "/" + obj.GetName()
-		last := s.objects[key]
+		byKey[key] = obj
+		keys = append(keys, key)
+	}
+	current, complete, errs := s.objects.Read(keys, func(key string, last *policyObject) (*policyObject, error) {
+		obj := byKey[key]
 		if last != nil && last.resourceVersion == obj.GetResourceVersion() {
-			current[key] = last
-			continue
+			return last, nil
 		}
 		pe, err := parseAPIObject(key, obj.Object)
 		if err != nil {
-			errs = append(errs, err)
-			if last != nil {
-				current[key] = last
-			} else {
-				complete = false
-			}
-			continue
+			return nil, err
 		}
-		current[key] = &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}
-	}
-	s.objects = current
+		return &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}, nil
+	})
 
 	desired := map[string]*PolicyEndpoint{}
-	var warnings []string
-	for _, key := range slices.Sorted(maps.Keys(current)) {
-		pe := podsOnNode(current[key].pe, addrs)
-		if pe == nil {
-			continue // no pod of this node
-		}
-		if extra := nodeWarnings(pe, s.node); len(extra) > 0 {
-			c := *pe
-			c.Warnings = append(slices.Clone(pe.Warnings), extra...)
-			pe = &c
-		}
-		for _, w := range pe.Warnings {
-			warnings = append(warnings, key+": "+w)
-		}
-		desired[key] = pe
-	}
-	changed := s.apply(desired, complete)
-	summary := fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(desired), len(current))
-	if w := strings.Join(warnings, "\n"); w != s.lastWarnings {
-		s.lastWarnings = w
-		for _, warning := range warnings {
-			s.log.Warn("PolicyEndpoint", "warning", warning)
+	for key, obj := range current {
+		if pe := podsOnNode(obj.pe, addrs); pe != nil { // else no pod of this node
+			desired[key] = pe
 		}
 	}
-	if changed > 0 || summary != s.lastSummary {
-		s.log.Info("Applied PolicyEndpoints", "summary", summary, "rows-changed", changed)
-		s.lastSummary = summary
-	}
-	if err := errors.Join(errs...); err != nil {
-		s.reportAPI(health, "invalid PolicyEndpoints, keeping their last good versions", err)
-		return
-	}
-	if s.lastErr != "" {
-		s.log.Info("PolicyEndpoints are valid and the API server answers again")
-		s.lastErr = ""
-	}
-	s.metrics.Success()
-	health.OK(summary)
+	in := s.input(desired, nil)
+	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
+	in.Incomplete = !complete
+	s.Update(health, in, errs)
 }
 
-func (s *policyK8sSource) reportAPI(health cell.Health, reason string, err error) {
-	s.metrics.Error()
-	if msg := reason + ": " + err.Error(); msg != s.lastErr {
-		s.lastErr = msg
-		s.log.Error("PolicyEndpoints: "+reason, "error", err)
-	}
-	health.Degraded("PolicyEndpoints: "+reason, err)
+// apiFailure reports a failure of the API source: reason says what stays.
+func apiFailure(reason string) filesource.Failure {
+	return filesource.Failure{Log: "PolicyEndpoints: " + reason, Health: "PolicyEndpoints: " + reason, Announce: true}
 }
 
 // parseAPIObject runs one object from the API server through the file

@@ -1,0 +1,111 @@
+package filesource
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/metrics"
+	"github.com/enimasq/enimasq/cells/tablesync"
+)
+
+// Input is what one good read gives: the desired rows of the table.
+type Input[Obj any] struct {
+	Rows     []Obj
+	Warnings []string // logged once per distinct set
+	Summary  string   // the health OK text; logged when it changes
+	// Incomplete: a part of the input never was good (its rows before a
+	// restart are unknown): the rows apply, the table is not initialized.
+	Incomplete bool
+}
+
+// Source keeps Table equal to an input. Run watches a file or directory and
+// reads it with Read; an API source feeds Update and Fail itself.
+type Source[Obj any, K comparable] struct {
+	// Dir is the directory watched (the file's, or the directory of files);
+	// Period is the re-read period, asked again after every read.
+	Dir    string
+	Period func() time.Duration
+	// Read reads and parses the input. It returns nil and the error when
+	// nothing can apply, the input and an error when only a part of it is
+	// bad (that part's last good rows are in the input).
+	Read func() (*Input[Obj], error)
+	// Failure says how an error of Read (or one given to Update) is
+	// reported.
+	Failure func(error) Failure
+	Messages
+
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Table    statedb.RWTable[Obj]
+	Rows     tablesync.Rows[Obj, K]
+	InitDone func(statedb.WriteTxn) // the table's initializer; nil once called
+	Metrics  *metrics.Source
+
+	lastErr      string // the key of the last failure logged; "" while good
+	announce     bool   // log ValidAgain when the input is good again
+	lastWarnings string
+	lastSummary  string
+}
+
+// Run reads the input at start, after every change in Dir (or in its
+// nearest existing ancestor while Dir is missing) and every Period, until
+// ctx is done.
+func (s *Source[Obj, K]) Run(ctx context.Context, health cell.Health) error {
+	return filewatch.WatchDirPeriod(ctx, s.Log, s.Dir, s.Period, func() {
+		in, err := s.Read()
+		s.Update(health, in, err)
+	})
+}
+
+// Initialized says whether a good read has initialized the table.
+func (s *Source[Obj, K]) Initialized() bool { return s.InitDone == nil }
+
+// Update puts in into the table and reports health: OK with in's summary,
+// or, with err, the failure (and, without in, the table stays as it is).
+func (s *Source[Obj, K]) Update(health cell.Health, in *Input[Obj], err error) {
+	if in != nil {
+		s.apply(in, err == nil)
+	}
+	if err != nil {
+		s.Fail(health, err, s.Failure(err))
+		return
+	}
+	s.Metrics.Success()
+	health.OK(in.Summary)
+}
+
+// apply writes the difference between the table and in (unchanged rows
+// keep their revision), initializes the table the first time in is
+// complete, and logs what is new: the input good again, the warnings, the
+// rows changed or the summary.
+func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
+	if good && s.lastErr != "" {
+		if s.announce {
+			s.ValidAgain.log(s.Log, slog.LevelInfo)
+		}
+		s.lastErr = ""
+	}
+	if w := strings.Join(in.Warnings, "\n"); w != s.lastWarnings {
+		s.lastWarnings = w
+		for _, warning := range in.Warnings {
+			s.Warning.log(s.Log, slog.LevelWarn, "warning", warning)
+		}
+	}
+	wtxn := s.DB.WriteTxn(s.Table)
+	changed := s.Rows.Sync(wtxn, s.Table, in.Rows)
+	if s.InitDone != nil && !in.Incomplete {
+		s.InitDone(wtxn)
+		s.InitDone = nil
+	}
+	wtxn.Commit()
+	if changed > 0 || in.Summary != s.lastSummary {
+		s.Applied.log(s.Log, slog.LevelInfo, "summary", in.Summary, "rows-changed", changed)
+		s.lastSummary = in.Summary
+	}
+}
