@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cilium/statedb"
@@ -64,7 +65,20 @@ func input(n *CiliumNode, err error) (*filesource.Input[*ENI], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &filesource.Input[*ENI]{Rows: n.ENIs, Warnings: n.Warnings, Summary: n.Summary()}, nil
+	in := &filesource.Input[*ENI]{Rows: n.ENIs, Warnings: n.Warnings, Summary: n.Summary()}
+	if len(n.Refused) > 0 {
+		return in, refusedError(n.Refused)
+	}
+	return in, nil
+}
+
+// refusedError lists the pool IPs of a CiliumNode that are refused: the
+// rest of the node is in use, and health says Degraded, naming each IP and
+// why, until the CiliumNode is fixed.
+type refusedError []string
+
+func (e refusedError) Error() string {
+	return fmt.Sprintf("%d pool IPs refused: %s", len(e), strings.Join(e, "; "))
 }
 
 // failure reports a CiliumNode that cannot be read. Before the first good
@@ -74,7 +88,10 @@ func input(n *CiliumNode, err error) (*filesource.Input[*ENI], error) {
 func (s *source) failure(err error) filesource.Failure {
 	missing, first := errors.Is(err, fs.ErrNotExist), !s.Initialized()
 	f := filesource.Failure{Uncounted: missing && !first, Announce: !first}
+	var refused refusedError
 	switch {
+	case errors.As(err, &refused):
+		f.Log, f.Health = "CiliumNode pool IPs refused: the rest of the node is in use", "CiliumNode pool IPs refused, the rest of the node is in use"
 	case missing && first:
 		f.Log, f.Attrs, f.Waiting = "CiliumNode file does not exist yet: no ENIs, no allocations until it does", []any{"path", s.path}, true
 		f.Health = fmt.Sprintf("waiting for the CiliumNode file %s", s.path)
