@@ -51,9 +51,15 @@ type allocationRequest struct {
 	Family      string `json:"family"`
 }
 
+// apiError is the agent's error answer.
 type apiError struct {
 	Message string `json:"error"`
 	Reason  string `json:"reason"`
+	Code    int    `json:"-"`
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("agent: %s (%s, %d)", e.Message, e.Reason, e.Code)
 }
 
 // agentClient talks to the enimasq-agent API on its unix socket.
@@ -113,9 +119,9 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 		return resp.StatusCode, err
 	}
 	if resp.StatusCode >= 300 {
-		var e apiError
-		if json.Unmarshal(data, &e) == nil && e.Message != "" {
-			return resp.StatusCode, fmt.Errorf("agent: %s (%s, %d)", e.Message, e.Reason, resp.StatusCode)
+		e := &apiError{Code: resp.StatusCode}
+		if json.Unmarshal(data, e) == nil && e.Message != "" {
+			return resp.StatusCode, e
 		}
 		return resp.StatusCode, fmt.Errorf("agent answered %d: %s", resp.StatusCode, bytes.TrimSpace(data))
 	}

@@ -69,10 +69,14 @@ func setup(args *skel.CmdArgs) (*NetConf, attachment, pod, error) {
 }
 
 // agentError is a failed call to the agent as a CNI error: "try again
-// later" (11) when the agent is not running.
+// later" (11) when the agent is not running, or not ready (restoring its
+// checkpoint, reading its CiliumNode).
 func agentError(msg string, err error) error {
 	if errors.As(err, new(errAgentDown)) {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), msg)
+	}
+	if e := (*apiError)(nil); errors.As(err, &e) && e.Reason == "not-ready" {
+		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+msg, err.Error())
 	}
 	return types.NewError(types.ErrInternal, "enimasq-cni: "+msg, err.Error())
 }
@@ -334,10 +338,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	podIP, _ := netip.AddrFromSlice(prev.IPs[0].Address.IP)
 	podIP = podIP.Unmap()
 	if err := checkPod(args, conf, att, p, podIP); err != nil {
-		if errors.As(err, new(errAgentDown)) {
-			return agentError("CHECK failed", err)
-		}
-		return types.NewError(types.ErrInternal, "enimasq-cni: CHECK failed", err.Error())
+		return agentError("CHECK failed", err)
 	}
 	return nil
 }
