@@ -298,7 +298,14 @@ func releaseLegacy(agent *agentClient, conf *NetConf, p pod) error {
 	}
 	for _, a := range legacy {
 		addr, err := netip.ParseAddr(a.IP)
-		if err != nil || routedToPod(addr) {
+		if err != nil {
+			continue
+		}
+		routed, err := routedToPod(addr)
+		if err != nil {
+			return fmt.Errorf("is %s a live sandbox's: %w", a.IP, err)
+		}
+		if routed {
 			continue
 		}
 		if err := agent.release(a.IP); err != nil {
@@ -310,17 +317,17 @@ func releaseLegacy(agent *agentClient, conf *NetConf, p pod) error {
 
 // routedToPod says whether the node has a route to addr/32 (/128) via a
 // link, as ADD makes for a pod.
-func routedToPod(addr netip.Addr) bool {
+func routedToPod(addr netip.Addr) (bool, error) {
 	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(addr)}, netlink.RT_FILTER_DST)
 	if err != nil {
-		return false
+		return false, err
 	}
 	for _, r := range routes {
 		if r.LinkIndex > 0 && r.Dst != nil && r.Dst.String() == hostPrefix(addr).String() {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
