@@ -13,7 +13,8 @@ import (
 
 // cniAgent starts an agent in the topology's node netns on the given
 // CiliumNode and ip-masq-agent config, and returns it with the config path.
-func cniAgent(t *testing.T, topo *vpcTopology, ciliumNode, config string) (*Agent, string) {
+// prepare runs before the agent starts (to write a checkpoint, say).
+func cniAgent(t *testing.T, topo *vpcTopology, ciliumNode, config string, prepare ...func(*Agent)) (*Agent, string) {
 	requireIPAM(t)
 	a := NewAgent(t)
 	a.NetNSName = topo.Node
@@ -24,6 +25,9 @@ func cniAgent(t *testing.T, topo *vpcTopology, ciliumNode, config string) (*Agen
 	a.Args = append(a.Args,
 		"--enable-ip-masq-agent", "--enable-bpf-masquerade", "--ip-masq-agent-config-path", configPath,
 		"--ciliumnode-path", nodePath, "--eni-netlink-retry-min=20ms", "--eni-netlink-retry-max=200ms")
+	for _, f := range prepare {
+		f(a)
+	}
 	a.Start()
 	a.WaitHealthy()
 	return a, configPath

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 )
 
@@ -23,15 +24,42 @@ type allocation struct {
 	InterfaceNumber string   `json:"interface-number"`
 }
 
-// allocationInfo is one row of GET /v1/ipam.
+// allocationInfo is one row of GET /v1/ipam, and of the answers of a
+// release and a GC.
 type allocationInfo struct {
-	IP    string `json:"ip"`
-	Owner string `json:"owner"`
+	IP          string `json:"ip"`
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Family      string `json:"family"`
+	State       string `json:"state"`
 }
 
+// attachment is the CNI spec's attachment: container ID and interface name.
+type attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// allocationRequest is the body of POST /v1/ipam.
+type allocationRequest struct {
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+	Family      string `json:"family"`
+}
+
+// apiError is the agent's error answer.
 type apiError struct {
 	Message string `json:"error"`
 	Reason  string `json:"reason"`
+	Code    int    `json:"-"`
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("agent: %s (%s, %d)", e.Message, e.Reason, e.Code)
 }
 
 // agentClient talks to the enimasq-agent API on its unix socket.
@@ -91,9 +119,9 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 		return resp.StatusCode, err
 	}
 	if resp.StatusCode >= 300 {
-		var e apiError
-		if json.Unmarshal(data, &e) == nil && e.Message != "" {
-			return resp.StatusCode, fmt.Errorf("agent: %s (%s, %d)", e.Message, e.Reason, resp.StatusCode)
+		e := &apiError{Code: resp.StatusCode}
+		if json.Unmarshal(data, e) == nil && e.Message != "" {
+			return resp.StatusCode, e
 		}
 		return resp.StatusCode, fmt.Errorf("agent answered %d: %s", resp.StatusCode, bytes.TrimSpace(data))
 	}
@@ -105,13 +133,13 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// allocate asks for an IP for owner and waits until its rules are Done.
-// created is false when the owner already held the IP (a retried ADD): the
-// allocation is then not this call's to undo.
-func (c *agentClient) allocate(owner, family string, wait int) (a *allocation, created bool, err error) {
+// allocate asks for an IP for the request's attachment and waits until its
+// rules are Done. created is false when the attachment already held the IP
+// (a retried ADD): the allocation is then not this call's to undo.
+func (c *agentClient) allocate(req allocationRequest, wait int) (a *allocation, created bool, err error) {
 	a = &allocation{}
 	path := fmt.Sprintf("/v1/ipam?wait=true&timeout=%ds", wait)
-	code, err := c.do(http.MethodPost, path, map[string]string{"owner": owner, "family": family}, a)
+	code, err := c.do(http.MethodPost, path, req, a)
 	if err != nil {
 		return nil, false, err
 	}
@@ -127,19 +155,47 @@ func (c *agentClient) release(ip string) error {
 	return err
 }
 
-// ownedBy returns the IPs allocated to owner.
-func (c *agentClient) ownedBy(owner string) ([]string, error) {
+// releaseAttachment frees the IPs of one attachment and returns them (none
+// when the agent holds nothing for it).
+func (c *agentClient) releaseAttachment(att attachment) ([]allocationInfo, error) {
+	var released []allocationInfo
+	_, err := c.do(http.MethodPost, "/v1/ipam/release", att, &released)
+	return released, err
+}
+
+// gc frees the IPs of every attachment not in valid and returns them.
+func (c *agentClient) gc(valid []attachment) ([]allocationInfo, error) {
+	if valid == nil {
+		valid = []attachment{}
+	}
+	var released []allocationInfo
+	_, err := c.do(http.MethodPost, "/v1/ipam/gc", map[string][]attachment{"validAttachments": valid}, &released)
+	return released, err
+}
+
+// attachmentAllocations returns the allocations an attachment holds.
+func (c *agentClient) attachmentAllocations(att attachment) ([]allocationInfo, error) {
+	var list []allocationInfo
+	q := url.Values{"containerID": {att.ContainerID}, "ifname": {att.IfName}}
+	_, err := c.do(http.MethodGet, "/v1/ipam?"+q.Encode(), nil, &list)
+	return list, err
+}
+
+// legacyAllocations returns the allocations of family without an
+// attachment whose owner is one of owners: allocations of a version-1
+// checkpoint (or of an API client) that belong to the pod.
+func (c *agentClient) legacyAllocations(owners []string, family string) ([]allocationInfo, error) {
 	var list []allocationInfo
 	if _, err := c.do(http.MethodGet, "/v1/ipam", nil, &list); err != nil {
 		return nil, err
 	}
-	var ips []string
+	var out []allocationInfo
 	for _, a := range list {
-		if a.Owner == owner {
-			ips = append(ips, a.IP)
+		if a.ContainerID == "" && a.Family == family && slices.Contains(owners, a.Owner) {
+			out = append(out, a)
 		}
 	}
-	return ips, nil
+	return out, nil
 }
 
 func (c *agentClient) healthy() error {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -44,22 +45,53 @@ func hostPrefix(addr netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(addr.BitLen(), addr.BitLen())}
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+// netConf is the prologue of every command: the network configuration.
+func netConf(args *skel.CmdArgs) (*NetConf, error) {
 	conf, err := loadConf(args.StdinData)
 	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
+		return nil, types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
 	}
-	own, err := owner(args)
+	return conf, nil
+}
+
+// setup is the prologue of the commands on an attachment (ADD, DEL,
+// CHECK): the network configuration, the attachment and its pod.
+func setup(args *skel.CmdArgs) (*NetConf, attachment, pod, error) {
+	conf, err := netConf(args)
 	if err != nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
+		return nil, attachment{}, pod{}, err
+	}
+	p, err := podOf(args)
+	if err != nil {
+		return nil, attachment{}, pod{}, types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
+	}
+	return conf, attachment{ContainerID: args.ContainerID, IfName: args.IfName}, p, nil
+}
+
+// agentError is a failed call to the agent as a CNI error: "try again
+// later" (11) when the agent is not running, or not ready (restoring its
+// checkpoint, reading its CiliumNode).
+func agentError(msg string, err error) error {
+	if errors.As(err, new(errAgentDown)) {
+		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), msg)
+	}
+	if e := (*apiError)(nil); errors.As(err, &e) && e.Reason == "not-ready" {
+		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+msg, err.Error())
+	}
+	return types.NewError(types.ErrInternal, "enimasq-cni: "+msg, err.Error())
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, att, p, err := setup(args)
+	if err != nil {
+		return err
 	}
 	agent := newAgentClient(conf.AgentSocket, time.Duration(conf.WaitSeconds+5)*time.Second)
-	alloc, created, err := agent.allocate(own, conf.Family, conf.WaitSeconds)
+	alloc, created, err := agent.allocate(allocationRequest{
+		Owner: p.Owner, PodUID: p.UID, ContainerID: att.ContainerID, IfName: att.IfName, Family: conf.Family,
+	}, conf.WaitSeconds)
 	if err != nil {
-		if errors.As(err, new(errAgentDown)) {
-			return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), "")
-		}
-		return types.NewError(types.ErrInternal, "enimasq-cni: allocation for "+own+" failed", err.Error())
+		return agentError("allocation for "+p.Owner+" failed", err)
 	}
 
 	// From here on, a failure undoes what this call made, and only that: a
@@ -80,7 +112,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 	result, err := wirePod(args, conf, alloc, hostName, &vethMade)
 	if err != nil {
-		return types.NewError(types.ErrInternal, "enimasq-cni: wiring pod "+own, err.Error())
+		return types.NewError(types.ErrInternal, "enimasq-cni: wiring pod "+p.Owner, err.Error())
 	}
 	done = true
 	return types.PrintResult(result, conf.CNIVersion)
@@ -220,14 +252,16 @@ func eniMTU(mac string) (int, error) {
 	return 0, fmt.Errorf("no ENI link with MAC %s on the node (set \"mtu\" in the network configuration to skip this)", want)
 }
 
+// cmdDel removes the veth and releases the attachment's IPs, and only
+// those: another sandbox of the same pod keeps its own. An attachment the
+// agent does not hold is released already. Allocations migrated from a
+// version-1 checkpoint have no attachment: when the attachment holds
+// nothing, the pod's allocations of the family without an attachment are
+// released (releaseLegacy).
 func cmdDel(args *skel.CmdArgs) error {
-	conf, err := loadConf(args.StdinData)
+	conf, att, p, err := setup(args)
 	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
-	}
-	own, err := owner(args)
-	if err != nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
+		return err
 	}
 
 	// The veth goes first: it is local, and removing the host side removes
@@ -236,24 +270,70 @@ func cmdDel(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInternal, "enimasq-cni: remove veth", err.Error())
 	}
 
+	// The kubelet retries DEL: what fails here is released when the agent
+	// is back.
 	agent := newAgentClient(conf.AgentSocket, 10*time.Second)
-	ips, err := agent.ownedBy(own)
+	released, err := agent.releaseAttachment(att)
 	if err != nil {
-		// The kubelet retries DEL: the IP is released when the agent is back.
-		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: release of "+own+" failed", err.Error())
+		return agentError("release of "+p.Owner+" failed", err)
 	}
-	for _, addr := range ips {
-		if err := agent.release(addr); err != nil {
-			return types.NewError(types.ErrInternal, "enimasq-cni: release "+addr, err.Error())
+	if len(released) > 0 {
+		return nil
+	}
+	if err := releaseLegacy(agent, conf, p); err != nil {
+		return agentError("release of "+p.Owner+" failed", err)
+	}
+	return nil
+}
+
+// releaseLegacy releases the allocations of the pod's owner (and legacy
+// owners) without an attachment: those of a version-1 checkpoint, made
+// before allocations were held by attachments. An IP that the node still
+// routes to a pod's veth belongs to a live sandbox of the pod (this DEL's
+// own veth is gone already): it stays.
+func releaseLegacy(agent *agentClient, conf *NetConf, p pod) error {
+	legacy, err := agent.legacyAllocations(append([]string{p.Owner}, p.LegacyOwners...), conf.Family)
+	if err != nil {
+		return err
+	}
+	for _, a := range legacy {
+		addr, err := netip.ParseAddr(a.IP)
+		if err != nil {
+			continue
+		}
+		routed, err := routedToPod(addr)
+		if err != nil {
+			return fmt.Errorf("is %s a live sandbox's: %w", a.IP, err)
+		}
+		if routed {
+			continue
+		}
+		if err := agent.release(a.IP); err != nil {
+			return fmt.Errorf("release %s: %w", a.IP, err)
 		}
 	}
 	return nil
 }
 
-func cmdCheck(args *skel.CmdArgs) error {
-	conf, err := loadConf(args.StdinData)
+// routedToPod says whether the node has a route to addr/32 (/128) via a
+// link, as ADD makes for a pod.
+func routedToPod(addr netip.Addr) (bool, error) {
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(addr)}, netlink.RT_FILTER_DST)
 	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
+		return false, err
+	}
+	for _, r := range routes {
+		if r.LinkIndex > 0 && r.Dst != nil && r.Dst.String() == hostPrefix(addr).String() {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, att, p, err := setup(args)
+	if err != nil {
+		return err
 	}
 	if conf.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "enimasq-cni: CHECK needs prevResult", "")
@@ -264,30 +344,29 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	podIP, _ := netip.AddrFromSlice(prev.IPs[0].Address.IP)
 	podIP = podIP.Unmap()
-	if err := checkPod(args, conf, podIP); err != nil {
-		return types.NewError(types.ErrInternal, "enimasq-cni: CHECK failed", err.Error())
+	if err := checkPod(args, conf, att, p, podIP); err != nil {
+		return agentError("CHECK failed", err)
 	}
 	return nil
 }
 
-// checkPod verifies what ADD made and what the agent keeps: the veth, the
-// pod address, the host route, the allocation and the pod's ip rules.
-func checkPod(args *skel.CmdArgs, conf *NetConf, podIP netip.Addr) error {
-	own, err := owner(args)
-	if err != nil {
-		return err
-	}
+// checkPod verifies what ADD made and what the agent keeps: the
+// attachment's allocation of the IP, the veth, the pod address, the host
+// route and the pod's ip rules. An IP of a version-1 checkpoint (no
+// attachment) counts when the pod's owner holds it.
+func checkPod(args *skel.CmdArgs, conf *NetConf, att attachment, p pod, podIP netip.Addr) error {
 	agent := newAgentClient(conf.AgentSocket, 10*time.Second)
-	ips, err := agent.ownedBy(own)
+	held, err := agent.attachmentAllocations(att)
 	if err != nil {
 		return err
 	}
-	found := false
-	for _, a := range ips {
-		found = found || a == podIP.String()
+	if len(held) == 0 {
+		if held, err = agent.legacyAllocations(append([]string{p.Owner}, p.LegacyOwners...), familyOf(podIP)); err != nil {
+			return err
+		}
 	}
-	if !found {
-		return fmt.Errorf("the agent has no allocation of %s for %s", podIP, own)
+	if !slices.ContainsFunc(held, func(a allocationInfo) bool { return a.IP == podIP.String() }) {
+		return fmt.Errorf("the agent has no allocation of %s for attachment %s/%s (pod %s)", podIP, att.ContainerID, att.IfName, p.Owner)
 	}
 	hostName := hostVethName(args.ContainerID)
 	host, err := netlink.LinkByName(hostName)
@@ -318,6 +397,9 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, podIP netip.Addr) error {
 	if from == 0 {
 		return fmt.Errorf("no egress ip rule from %s", podIP)
 	}
+	if to == 0 {
+		return fmt.Errorf("no ingress ip rule to %s", podIP)
+	}
 	podNS, err := ns.GetNS(args.Netns)
 	if err != nil {
 		return fmt.Errorf("pod netns %s: %w", args.Netns, err)
@@ -341,6 +423,51 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, podIP netip.Addr) error {
 	})
 }
 
+func familyOf(addr netip.Addr) string {
+	if addr.Is4() {
+		return "ipv4"
+	}
+	return "ipv6"
+}
+
+// cmdGC (CNI 1.1) releases the IPs of every attachment of the network
+// that is not in cni.dev/valid-attachments, and removes their host veths
+// (and so their host routes). Without the key, as cnitool's gc sends it,
+// no attachment is valid. Allocations made through the agent API (no
+// attachment) are not the plugin's: they stay.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := netConf(args)
+	if err != nil {
+		return err
+	}
+	valid := make([]attachment, 0, len(conf.ValidAttachments))
+	validContainers := map[string]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid = append(valid, attachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		validContainers[a.ContainerID] = true
+	}
+	agent := newAgentClient(conf.AgentSocket, 30*time.Second)
+	released, err := agent.gc(valid)
+	if err != nil {
+		return agentError("GC failed", err)
+	}
+	// The host veth is named after the container: one that a valid
+	// attachment of the same container still uses stays.
+	var errs []error
+	for _, a := range released {
+		if a.ContainerID == "" || validContainers[a.ContainerID] {
+			continue
+		}
+		if err := ip.DelLinkByName(hostVethName(a.ContainerID)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+			errs = append(errs, fmt.Errorf("remove veth of %s: %w", a.ContainerID, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return types.NewError(types.ErrInternal, "enimasq-cni: GC released the IPs but left veths", err.Error())
+	}
+	return nil
+}
+
 func containsRouteVia(routes []netlink.Route, ifindex int) bool {
 	for _, r := range routes {
 		if r.LinkIndex == ifindex {
@@ -356,9 +483,9 @@ func containsRouteVia(routes []netlink.Route, ifindex int) bool {
 const errPluginNotAvailable uint = 50
 
 func cmdStatus(args *skel.CmdArgs) error {
-	conf, err := loadConf(args.StdinData)
+	conf, err := netConf(args)
 	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "enimasq-cni: bad network configuration", err.Error())
+		return err
 	}
 	if err := newAgentClient(conf.AgentSocket, 5*time.Second).healthy(); err != nil {
 		return types.NewError(errPluginNotAvailable, "enimasq-cni: "+err.Error(), "")

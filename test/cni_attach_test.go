@@ -1,0 +1,275 @@
+package test
+
+// enimasq-cni's attachments (CNI_CONTAINERID + CNI_IFNAME) as a runtime
+// drives them through libcni: DEL, GC, CHECK and STATUS.
+
+import (
+	"fmt"
+	"maps"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// wantAttachment fails unless the live attachment has its IP at the agent,
+// its rules, its host veth and host route, and passes CHECK.
+func wantAttachment(t *testing.T, topo *vpcTopology, api *apiClient, cni *libCNI, containerID, ip string, pod podRef, podNS string) {
+	t.Helper()
+	rows := api.list(t, "?containerID="+containerID+"&ifname=eth0")
+	if len(rows) != 1 || rows[0].IP != ip || rows[0].Owner != pod.Namespace+"/"+pod.Name || rows[0].PodUID != pod.UID {
+		t.Errorf("%s: the agent holds %+v, want %s for %s/%s (uid %s)", containerID, rows, ip, pod.Namespace, pod.Name, pod.UID)
+	}
+	if len(topo.nodeRules(ip)) == 0 {
+		t.Errorf("%s: no rules of %s", containerID, ip)
+	}
+	if via := topo.hostRoutes()[ip]; via != hostVethName(containerID) {
+		t.Errorf("%s: route to %s via %q, want %s", containerID, ip, via, hostVethName(containerID))
+	}
+	if err := cni.check(runtimeConf(containerID, "eth0", podNS, pod)); err != nil {
+		t.Errorf("%s: CHECK: %v", containerID, err)
+	}
+}
+
+// wantGone fails if anything of a deleted attachment is left on the node.
+// The agent removes the rules after it answers the release: they are
+// waited for.
+func wantGone(t *testing.T, a *Agent, topo *vpcTopology, api *apiClient, containerID, ip string) {
+	t.Helper()
+	if rows := api.list(t, "?containerID="+containerID+"&ifname=eth0"); len(rows) != 0 {
+		t.Errorf("%s: the agent still holds %+v", containerID, rows)
+	}
+	a.WaitFor("rules of "+ip+" removed", func() bool { return len(topo.nodeRules(ip)) == 0 })
+	if slices.Contains(topo.links("lxc"), hostVethName(containerID)) {
+		t.Errorf("%s: host veth %s left", containerID, hostVethName(containerID))
+	}
+	if via, ok := topo.hostRoutes()[ip]; ok {
+		t.Errorf("%s: route to %s via %s left", containerID, ip, via)
+	}
+}
+
+// The issue's sequence: a StatefulSet pod's new sandbox (B) is added before
+// the old one's (A) DEL. A's DEL releases only A's IP: B keeps its IP, rules
+// and veth, and no later pod gets B's IP.
+func TestPrivilegedCNIAttachStaleDELKeepsTheNewSandbox(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	cni, pods, api := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+
+	podA := podRef{"shop", "db-0", "0b5d6f3e-0000-4000-8000-00000000000a"}
+	podB := podRef{"shop", "db-0", "0b5d6f3e-0000-4000-8000-00000000000b"}
+	nsA, nsB := pods.newPod("db0-a"), pods.newPod("db0-b")
+	rtA, rtB := runtimeConf("sandbox-a", "eth0", nsA, podA), runtimeConf("sandbox-b", "eth0", nsB, podB)
+	ipA := cni.mustAdd(rtA)
+	ipB := cni.mustAdd(rtB)
+	if ipA == ipB {
+		t.Fatalf("two sandboxes of shop/db-0 share %s", ipA)
+	}
+
+	cni.mustDel(rtA)
+	wantGone(t, a, topo, api, "sandbox-a", ipA)
+	wantAttachment(t, topo, api, cni, "sandbox-b", ipB, podB, nsB)
+
+	// A's DEL again, and a DEL of an attachment never added (same pod):
+	// nothing is touched.
+	cni.mustDel(rtA)
+	cni.mustDel(runtimeConf("never-added", "eth0", "", podA))
+	wantAttachment(t, topo, api, cni, "sandbox-b", ipB, podB, nsB)
+
+	// The next pods, until the pool is exhausted, never get B's IP.
+	nsC := pods.newPod("db1")
+	if ipC := cni.mustAdd(runtimeConf("sandbox-c", "eth0", nsC, podRef{"shop", "db-1", ""})); ipC == ipB {
+		t.Fatalf("the next pod got B's %s", ipB)
+	}
+	for i := 0; ; i++ {
+		var res struct{ IP string }
+		code, body, err := api.do(http.MethodPost, "/v1/ipam", map[string]string{"owner": fmt.Sprintf("shop/filler-%d", i)}, &res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusServiceUnavailable && strings.Contains(string(body), "pool-exhausted") {
+			break
+		}
+		if code != http.StatusCreated || res.IP == ipB {
+			t.Fatalf("allocation %d: %d %s (B holds %s)", i, code, body, ipB)
+		}
+	}
+	wantAttachment(t, topo, api, cni, "sandbox-b", ipB, podB, nsB)
+	cni.mustDel(rtB)
+	wantGone(t, a, topo, api, "sandbox-b", ipB)
+}
+
+// GC (CNI 1.1) with 3 valid attachments out of 10: the 7 others are
+// released, their rules, veths and host routes removed; the 3 and an
+// allocation made through the API stay. cnitool's gc (no valid
+// attachments) then releases the 3.
+func TestPrivilegedCNIAttachGCReleasesTheAttachmentsNotValid(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, poolCiliumNode(t, 12), sample(t, "ip-masq-agent.yaml"))
+	cni, pods, api := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+
+	var apiIP struct{ IP string }
+	if code, body, err := api.do(http.MethodPost, "/v1/ipam", map[string]string{"owner": "kube-system/api-client"}, &apiIP); err != nil || code != http.StatusCreated {
+		t.Fatalf("API allocation: %d %v %s", code, err, body)
+	}
+
+	const n = 10
+	ips, nss := make([]string, n), make([]string, n)
+	ref := func(i int) podRef { return podRef{"shop", fmt.Sprintf("web-%d", i), ""} }
+	id := func(i int) string { return fmt.Sprintf("gc-%d", i) }
+	for i := range n {
+		nss[i] = pods.newPod(fmt.Sprintf("gc%d", i))
+		ips[i] = cni.mustAdd(runtimeConf(id(i), "eth0", nss[i], ref(i)))
+	}
+	keep := []int{0, 4, 7}
+	var valid []types.GCAttachment
+	for _, i := range keep {
+		valid = append(valid, types.GCAttachment{ContainerID: id(i), IfName: "eth0"})
+	}
+	// Without libcni's cache, only the plugin's GC runs (no DEL first).
+	if err := cni.withoutCache().gc(valid); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	for i := range n {
+		if slices.Contains(keep, i) {
+			wantAttachment(t, topo, api, cni, id(i), ips[i], ref(i), nss[i])
+		} else {
+			wantGone(t, a, topo, api, id(i), ips[i])
+		}
+	}
+	rows := api.list(t, "")
+	if len(rows) != len(keep)+1 || !slices.ContainsFunc(rows, func(r allocationRow) bool { return r.IP == apiIP.IP }) {
+		t.Errorf("after GC the agent holds %+v, want the 3 valid attachments and the API's %s", rows, apiIP.IP)
+	}
+	if links := topo.links("lxc"); len(links) != len(keep) {
+		t.Errorf("host veths after GC: %v", links)
+	}
+
+	// The same GC through libcni with its cache: the stale attachments get
+	// a DEL (they hold nothing now), then the GC releases nothing more.
+	if err := cni.gc(valid); err != nil {
+		t.Fatalf("GC with the cache: %v", err)
+	}
+	for _, i := range keep {
+		wantAttachment(t, topo, api, cni, id(i), ips[i], ref(i), nss[i])
+	}
+
+	// cnitool gc passes no valid attachment: every attachment goes, the
+	// API's allocation stays.
+	if out, err := pods.cnitool("gc", nss[0], "web-0"); err != nil {
+		t.Fatalf("cnitool gc: %v\n%s", err, out)
+	}
+	for _, i := range keep {
+		wantGone(t, a, topo, api, id(i), ips[i])
+	}
+	if rows := api.list(t, ""); len(rows) != 1 || rows[0].IP != apiIP.IP {
+		t.Errorf("after cnitool gc the agent holds %+v, want only the API's %s", rows, apiIP.IP)
+	}
+}
+
+// STATUS (CNI 1.1): OK with the agent up; code 50 ("plugin not available")
+// with it down. The plugin advertises 1.1.0.
+func TestPrivilegedCNIAttachStatus(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	cni, pods := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket())
+
+	info, err := cni.cni.GetVersionInfo(t.Context(), "enimasq-cni")
+	if err != nil || !slices.Contains(info.SupportedVersions(), "1.1.0") {
+		t.Fatalf("VERSION: %v %v, want 1.1.0 supported", info, err)
+	}
+	if err := cni.status(); err != nil {
+		t.Errorf("STATUS with the agent up: %v", err)
+	}
+	if out, err := pods.cnitool("status", topo.Node, "x"); err != nil {
+		t.Errorf("cnitool status: %v\n%s", err, out)
+	}
+	a.Kill9()
+	err = cni.status()
+	if code := cniErrorCode(err); code != 50 || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("STATUS with the agent down: %v (code %d), want code 50", err, code)
+	}
+	if out, err := pods.cnitool("status", topo.Node, "x"); err == nil {
+		t.Errorf("cnitool status with the agent down succeeded:\n%s", out)
+	}
+}
+
+// CHECK fails when what ADD made is gone: the host veth deleted behind
+// the plugin's back, or the IP released through the API.
+func TestPrivilegedCNIAttachCheck(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	cni, pods, api := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+
+	web, db := podRef{"shop", "web", ""}, podRef{"shop", "db", ""}
+	nsWeb, nsDB := pods.newPod("web"), pods.newPod("db")
+	rtWeb, rtDB := runtimeConf("check-web", "eth0", nsWeb, web), runtimeConf("check-db", "eth0", nsDB, db)
+	cni.mustAdd(rtWeb)
+	dbIP := cni.mustAdd(rtDB)
+	if err := cni.check(rtWeb); err != nil {
+		t.Fatalf("CHECK of live web: %v", err)
+	}
+	if err := cni.check(rtDB); err != nil {
+		t.Fatalf("CHECK of live db: %v", err)
+	}
+
+	run(t, "ip", "-n", topo.Node, "link", "del", hostVethName("check-web"))
+	if err := cni.check(rtWeb); err == nil || !strings.Contains(err.Error(), hostVethName("check-web")) {
+		t.Errorf("CHECK with the host veth deleted: %v, want an error naming it", err)
+	}
+
+	if code, body, err := api.do(http.MethodDelete, "/v1/ipam/"+dbIP, nil, nil); err != nil || code != http.StatusOK {
+		t.Fatalf("DELETE %s: %d %v %s", dbIP, code, err, body)
+	}
+	if err := cni.check(rtDB); err == nil || !strings.Contains(err.Error(), "no allocation of "+dbIP) {
+		t.Errorf("CHECK with the IP released: %v, want no allocation", err)
+	}
+	cni.mustDel(rtWeb)
+	cni.mustDel(rtDB)
+}
+
+// Allocations of a version-1 checkpoint have no attachment: a DEL whose
+// attachment holds nothing releases the pod's, unless the node still
+// routes the IP to a veth (a live sandbox of the pod).
+func TestPrivilegedCNIAttachDELOfVersion1Allocations(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
+		WriteFileAtomic(t, filepath.Join(a.StateDir, "ipam-allocations.json"), `{"version": 1, "allocations": [
+  {"ip": "10.130.100.133", "owner": "shop/db-0"},
+  {"ip": "10.130.100.134", "owner": "shop/web-0"},
+  {"ip": "10.130.112.20", "owner": "cni/Legacy_Container"}
+]}`)
+	})
+	cni, api := newLibCNI(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+	a.WaitFor("version-1 allocations restored", func() bool { return len(api.list(t, "")) == 3 })
+
+	// shop/web-0's old sandbox still runs: its veth routes the IP.
+	veth := hostVethName("old-web")
+	run(t, "ip", "-n", topo.Node, "link", "add", veth, "type", "veth", "peer", "name", "peer-web")
+	run(t, "ip", "-n", topo.Node, "link", "set", veth, "up")
+	run(t, "ip", "-n", topo.Node, "route", "add", "10.130.100.134/32", "dev", veth)
+
+	cni.mustDel(runtimeConf("old-db", "eth0", "", podRef{"shop", "db-0", ""}))
+	cni.mustDel(runtimeConf("new-web", "eth0", "", podRef{"shop", "web-0", ""}))
+	// Without Kubernetes names, the owner was "cni/<container ID>".
+	rt := runtimeConf("Legacy_Container", "eth0", "", podRef{})
+	rt.Args = nil
+	cni.mustDel(rt)
+
+	held := map[string]string{}
+	for _, r := range api.list(t, "") {
+		held[r.IP] = r.Owner
+	}
+	if want := map[string]string{"10.130.100.134": "shop/web-0"}; !maps.Equal(held, want) {
+		t.Fatalf("after the DELs the agent holds %v, want %v", held, want)
+	}
+	a.WaitFor("rules of the released IPs removed", func() bool {
+		return len(topo.nodeRules("10.130.100.133")) == 0 && len(topo.nodeRules("10.130.112.20")) == 0
+	})
+	if len(topo.nodeRules("10.130.100.134")) == 0 {
+		t.Errorf("the live version-1 sandbox lost its rules")
+	}
+}
