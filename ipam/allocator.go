@@ -315,6 +315,11 @@ func (a *Allocator) releaseAll(pick func(statedb.ReadTxn) []*Allocation) ([]*All
 	return released, nil
 }
 
+// Restored says whether the checkpoint is restored: nil once it is, an
+// error wrapping ErrNotReady before. Listing before then would answer "no
+// allocation" for every running pod.
+func (a *Allocator) Restored() error { return a.ready(a.db.ReadTxn(), false) }
+
 // Allocations returns every allocation, by IP.
 func (a *Allocator) Allocations() []*Allocation {
 	return statedb.Collect(a.allocs.All(a.db.ReadTxn()))
@@ -436,6 +441,9 @@ func (a *Allocator) syncPool(ctx context.Context, health cell.Health) error {
 // the current ENIs and non-masquerade CIDRs.
 func (a *Allocator) Result(ip netip.Addr) (AllocationResult, error) {
 	txn := a.db.ReadTxn()
+	if err := a.ready(txn, false); err != nil {
+		return AllocationResult{}, err
+	}
 	al, _, found := a.allocs.Get(txn, AllocationIPIndex.Query(ip))
 	if !found {
 		return AllocationResult{}, fmt.Errorf("%w: %s is not allocated", ErrUnknownIP, ip)

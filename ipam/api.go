@@ -195,6 +195,10 @@ func decodeBody(r *http.Request, v any, want string) error {
 // list answers every allocation, or with ?containerID=&ifname= those of
 // one attachment.
 func (a *API) list(w http.ResponseWriter, r *http.Request) {
+	if err := a.alloc.Restored(); err != nil {
+		writeError(w, err, nil)
+		return
+	}
 	q := r.URL.Query()
 	att := Attachment{ContainerID: q.Get("containerID"), IfName: q.Get("ifname")}
 	if err := validateAttachment(att); err != nil {

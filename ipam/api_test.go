@@ -193,3 +193,20 @@ func TestAPINotReady(t *testing.T) {
 		t.Errorf("POST before the CiliumNode: %d %s", code, body)
 	}
 }
+
+// TestAPIListNotReadyBeforeRestore: before the checkpoint is restored, GET
+// answers 503 not-ready, not an empty list that would say "no allocation"
+// for every running pod.
+func TestAPIListNotReadyBeforeRestore(t *testing.T) {
+	n := newFakeNetwork(t, false)
+	dir := newWorkDir(t)
+	// An unreadable checkpoint keeps the allocator from restoring.
+	writeAtomic(t, filepath.Join(dir, "state", ipam.CheckpointFile), "{not json")
+	a := startAgentNoWait(t, n, n.Handle(), dir)
+	for _, path := range []string{"/v1/ipam", "/v1/ipam?containerID=c1&ifname=eth0", "/v1/ipam/10.130.100.133"} {
+		a.waitFor("GET "+path+" answers not-ready", func() (bool, string) {
+			code, body := a.do("GET", path, "")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, `"not-ready"`), fmt.Sprint(code, body)
+		})
+	}
+}
