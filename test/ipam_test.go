@@ -147,3 +147,66 @@ func TestAgentRejectsUnknownIPAMMode(t *testing.T) {
 		t.Errorf("last line %q", last)
 	}
 }
+
+// TestPrivilegedUnusablePoolIPsLeaveTheNodesRoutesAlone: a CiliumNode whose
+// pool lists 0.0.0.0 and the subnet's gateway next to good IPs. Every good
+// IP is handed out, the two never are, and `ip route get` from the node
+// answers as before: no rule "from 0.0.0.0" reroutes the node's own
+// traffic through an ENI.
+func TestPrivilegedUnusablePoolIPsLeaveTheNodesRoutesAlone(t *testing.T) {
+	requireIPAM(t)
+	a, _, node := ipamAgent(t)
+	sample, _ := os.ReadFile("testdata/samples/ciliumnode.yaml")
+	bad := strings.Replace(string(sample), "      10.130.100.133:\n", "      0.0.0.0:\n        resource: eni-0a1b2c3d4e5f00001\n      10.130.96.1:\n        resource: eni-0a1b2c3d4e5f00001\n      10.130.100.133:\n", 1)
+	if bad == string(sample) {
+		t.Fatal("the sample's pool changed: fix the test")
+	}
+	WriteFileAtomic(t, node, bad)
+	a.Start()
+	ns := a.NetNS()
+	AddENILinks(t, ns)
+	for _, cmd := range [][]string{{"ip", "addr", "add", "10.130.0.10/20", "dev", "eni0"}, {"ip", "route", "add", "default", "via", "10.130.0.1"}} {
+		if out, err := inNetNS(t, ns, cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd, err, out)
+		}
+	}
+	routeGet := func() string {
+		out, err := inNetNS(t, ns, "ip", "route", "get", "192.168.5.5").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip route get: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	before := routeGet()
+	if !strings.Contains(before, "dev eni0") {
+		t.Fatalf("ip route get before any pod: %s", before)
+	}
+	a.WaitFor("health naming both refused IPs", func() bool {
+		out, _, _ := a.Dbg("health")
+		return strings.Contains(out, "0.0.0.0 refused: the unspecified address") && strings.Contains(out, "10.130.96.1 refused: the gateway")
+	})
+	var got []string
+	for i := range 6 {
+		out, _, err := a.Dbg("ipam", "allocate", "--owner", "shop/p"+string(rune('a'+i)))
+		if err != nil {
+			if !strings.Contains(out, "pool-exhausted") && i != 5 {
+				t.Fatalf("allocate %d: %v %s", i, err, out)
+			}
+			continue
+		}
+		var res struct{ IP string }
+		json.Unmarshal([]byte(out), &res)
+		got = append(got, res.IP)
+	}
+	if want := []string{"10.130.100.133", "10.130.100.134", "10.130.100.135", "10.130.112.20", "10.130.112.21"}; !slices.Equal(got, want) {
+		t.Errorf("handed out %v, want %v (and nothing more)", got, want)
+	}
+	for _, r := range IPRules(t, ns) {
+		if strings.Contains(r, "from 0.0.0.0") || strings.Contains(r, "from 10.130.96.1 ") {
+			t.Errorf("rule from a refused IP: %s", r)
+		}
+	}
+	if after := routeGet(); after != before {
+		t.Errorf("ip route get 192.168.5.5 changed:\n%s\nwas:\n%s", after, before)
+	}
+}
