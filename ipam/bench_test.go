@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipmasq"
@@ -196,9 +196,7 @@ func egressRule(pod netip.Addr, dst netip.Prefix, table int) *netlink.Rule {
 //	              rules, add its 9) / floor: what Cilium needs to apply it
 //	x-rebuild     the cell's time / the rebuild's
 func BenchmarkAddCIDR500Pods(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root (network namespace, ip rules)")
-	}
+	celltest.RequireRoot(b)
 	e := newBenchEnv(b)
 	total := benchPods * (1 + len(benchCIDRs))
 	oldCIDRs := make([]netip.Prefix, 0, len(benchCIDRs))

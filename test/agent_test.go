@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 func TestPrivilegedAgentServesTablesHealthAndShell(t *testing.T) {
@@ -215,7 +217,7 @@ func lastLine(out []byte) string {
 // one network namespace would hand out the same IPs, whatever their state
 // dirs: the second exits with "already running" and the first goes on.
 func TestPrivilegedSecondAgentInTheSameNetNSSaysAlreadyRunning(t *testing.T) {
-	RequireRoot(t)
+	celltest.RequireRoot(t)
 	ns := fmt.Sprintf("enimasq-lock-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v\n%s", err, out)

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // demoCommand runs test/demo.sh with the binaries under test, its temp files
@@ -36,7 +38,7 @@ func assertNothingLeft(t *testing.T, tmp string) {
 }
 
 func TestPrivilegedDemoRunsAndCleansUp(t *testing.T) {
-	RequireRoot(t)
+	celltest.RequireRoot(t)
 	tmp := t.TempDir()
 	out, err := demoCommand(t, tmp).CombinedOutput()
 	if err != nil {
@@ -51,7 +53,7 @@ func TestPrivilegedDemoRunsAndCleansUp(t *testing.T) {
 }
 
 func TestPrivilegedDemoCleansUpOnCtrlC(t *testing.T) {
-	RequireRoot(t)
+	celltest.RequireRoot(t)
 	tmp := t.TempDir()
 	cmd := demoCommand(t, tmp)
 	if err := cmd.Start(); err != nil {

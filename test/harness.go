@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // Binaries are the enimasq executables under test, and cnitool (from the
@@ -81,14 +83,6 @@ func Build(t testing.TB) Binaries {
 	return built
 }
 
-// RequireRoot skips a privileged test when not running as root.
-func RequireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("privileged test: needs root (network namespaces, bpffs)")
-	}
-}
-
 // Agent is one running enimasq-agent.
 type Agent struct {
 	t        testing.TB
@@ -114,7 +108,7 @@ type Agent struct {
 // runs it.
 func NewAgent(t testing.TB, args ...string) *Agent {
 	t.Helper()
-	RequireRoot(t)
+	celltest.RequireRoot(t)
 	dir := t.TempDir()
 	a := &Agent{
 		t:        t,

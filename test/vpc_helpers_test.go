@@ -16,6 +16,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // eniSpec is one ENI of the sample CiliumNode as the simulated VPC sees it.
@@ -50,7 +52,7 @@ type vpcTopology struct {
 
 func newVPCTopology(t *testing.T) *vpcTopology {
 	t.Helper()
-	RequireRoot(t)
+	celltest.RequireRoot(t)
 	suffix := make([]byte, 4)
 	rand.Read(suffix)
 	topo := &vpcTopology{t: t, Node: "enq-node-" + hex.EncodeToString(suffix), VPC: "enq-vpc-" + hex.EncodeToString(suffix)}
