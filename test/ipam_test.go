@@ -84,7 +84,7 @@ func TestPrivilegedIPAMEndToEnd(t *testing.T) {
 
 	list := a.MustDbg("ipam", "list")
 	if lines := strings.Split(strings.TrimSpace(list), "\n"); len(lines) != 3 ||
-		strings.Join(strings.Fields(lines[0]), " ") != "10.130.100.133 shop/web eni-0a1b2c3d4e5f00001" {
+		strings.Join(strings.Fields(lines[0]), " ") != "10.130.100.133 shop/web - eni-0a1b2c3d4e5f00001" {
 		t.Errorf("ipam list:\n%s", list)
 	}
 

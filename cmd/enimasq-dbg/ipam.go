@@ -159,7 +159,7 @@ func ipamCommand(o *options) *cobra.Command {
 
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List the allocations, one a line: IP, owner, ENI (and the state when it is not Allocated)",
+		Short: "List the allocations, one a line: IP, owner, attachment (container ID/ifname, - for none), ENI (and the state when it is not Allocated)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var infos []ipam.AllocationInfo
@@ -172,7 +172,8 @@ func ipamCommand(o *options) *cobra.Command {
 				if eni == "" {
 					eni = "-"
 				}
-				line := a.IP + "\t" + a.Owner + "\t" + eni
+				att := ipam.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}
+				line := a.IP + "\t" + a.Owner + "\t" + att.String() + "\t" + eni
 				if a.State != string(ipam.StateAllocated) {
 					line += "\t" + a.State
 					if a.Reason != "" {
