@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -41,24 +43,8 @@ var (
 	ErrRulesFailed = errors.New("rules not programmed")
 )
 
-// Request asks for an IP for an owner (NAMESPACE/POD). With a container ID
-// (and an interface name) it is the CNI's attachment's: asking again for
-// the same attachment and family returns the same IP, and another
-// attachment of the same pod gets its own. Family is "ipv4" (default) or
-// "ipv6"; IP asks for a given address.
-type Request struct {
-	Owner       string `json:"owner"`
-	PodUID      string `json:"podUID,omitempty"`
-	ContainerID string `json:"containerID,omitempty"`
-	IfName      string `json:"ifname,omitempty"`
-	Family      string `json:"family,omitempty"`
-	IP          string `json:"ip,omitempty"`
-}
-
-// attachment is the request's attachment (zero without a container ID).
-func (r Request) attachment() Attachment {
-	return Attachment{ContainerID: r.ContainerID, IfName: r.IfName}
-}
+// Request asks for an IP (ipamapi).
+type Request = ipamapi.Request
 
 // Allocator hands out pod IPs from the pool of the CiliumNode and is the
 // only writer of ipam-allocations (with the pool-sync job, which only
@@ -92,7 +78,7 @@ func (a *Allocator) parseRequest(req Request) (owner, family string, want netip.
 	if err := validateOwner(owner); err != nil {
 		return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
-	if err := validateAttachment(req.attachment()); err != nil {
+	if err := validateAttachment(req.Attachment()); err != nil {
 		return "", "", netip.Addr{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	if req.PodUID != "" {
@@ -185,7 +171,7 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	pool := a.pool(wtxn)
 	nonMasq := a.nonMasq(wtxn)
 
-	att := req.attachment()
+	att := req.Attachment()
 	for held := range a.allocs.List(wtxn, AllocationAttachmentIndex.Query(att)) {
 		if familyOf(held.IP) != family || (att.IsZero() && held.Owner != owner) {
 			continue

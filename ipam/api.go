@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+
 	sigsjson "sigs.k8s.io/json"
 )
 
@@ -34,29 +36,6 @@ const (
 	WaitTimeout    = 30 * time.Second
 	MaxWaitTimeout = 5 * time.Minute
 )
-
-// APIError is the body of every error answer.
-type APIError struct {
-	Message string `json:"error"`
-	// Reason is a stable, machine-readable name of the error.
-	Reason string `json:"reason"`
-	// Result is set when the IP is allocated but waiting for its rules
-	// failed: the allocation stands.
-	Result *AllocationResult `json:"result,omitempty"`
-}
-
-// AllocationInfo is one allocation as GET /v1/ipam lists it.
-type AllocationInfo struct {
-	IP          string `json:"ip"`
-	Owner       string `json:"owner"`
-	PodUID      string `json:"podUID,omitempty"`
-	ContainerID string `json:"containerID,omitempty"`
-	IfName      string `json:"ifname,omitempty"`
-	Family      string `json:"family"`
-	ENI         string `json:"eni,omitempty"`
-	State       string `json:"state"`
-	Reason      string `json:"reason,omitempty"`
-}
 
 func infoOf(a *Allocation) AllocationInfo {
 	return AllocationInfo{
@@ -84,6 +63,13 @@ func NewAPI(alloc *Allocator, log *slog.Logger) *API {
 	a.mux.HandleFunc("POST /v1/ipam/gc", a.gc)
 	return a
 }
+
+// The wire types, defined in ipamapi for the plugin and enimasq-dbg.
+type (
+	APIError       = ipamapi.Error
+	AllocationInfo = ipamapi.AllocationInfo
+	GCRequest      = ipamapi.GCRequest
+)
 
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
 
@@ -237,11 +223,6 @@ func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
 	}
 	released, err := a.alloc.ReleaseAttachment(att)
 	writeReleased(w, released, err)
-}
-
-// GCRequest lists the attachments the runtime still has (the CNI's GC).
-type GCRequest struct {
-	ValidAttachments []Attachment `json:"validAttachments"`
 }
 
 // gc frees the IPs of every attachment not in the request.

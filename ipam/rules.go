@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 )
@@ -87,15 +89,8 @@ func ResultCIDRs(eni *ENI, nonMasq []netip.Prefix, s Settings, family string) []
 	return CoalesceCIDRs(mine)
 }
 
-// AllocationResult is what an allocation returns, with the JSON field names
-// of Cilium's IPAMAddressResponse.
-type AllocationResult struct {
-	IP              string   `json:"ip"`
-	Gateway         string   `json:"gateway"`
-	CIDRs           []string `json:"cidrs"`
-	MasterMAC       string   `json:"master-mac"`
-	InterfaceNumber string   `json:"interface-number"`
-}
+// AllocationResult is what an allocation returns (ipamapi).
+type AllocationResult = ipamapi.AllocationResult
 
 // NewResult builds the allocation result of ip on eni.
 func NewResult(ip netip.Addr, eni *ENI, nonMasq []netip.Prefix, s Settings) AllocationResult {

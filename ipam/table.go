@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
@@ -179,28 +181,9 @@ type Allocation struct {
 	Reason string `json:",omitempty"`
 }
 
-// Attachment is the CNI spec's attachment key: the container ID and the
-// interface name in the container.
-type Attachment struct {
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifname"`
-}
-
-// IsZero says whether there is no attachment (an allocation of the API).
-func (a Attachment) IsZero() bool { return a == Attachment{} }
-
-// String is "containerID/ifname" with the container ID cut to 12
-// characters, as container runtimes show it; "-" when there is none.
-func (a Attachment) String() string {
-	if a.IsZero() {
-		return "-"
-	}
-	id := a.ContainerID
-	if len(id) > 12 {
-		id = id[:12]
-	}
-	return id + "/" + a.IfName
-}
+// Attachment is the CNI spec's attachment key (ipamapi): the container
+// ID and the interface name in the container.
+type Attachment = ipamapi.Attachment
 
 // Family is "ipv4" or "ipv6".
 func (a *Allocation) Family() string { return familyOf(a.IP) }

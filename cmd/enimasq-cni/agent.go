@@ -12,54 +12,18 @@ import (
 	"net/url"
 	"slices"
 	"time"
+
+	"github.com/enimasq/enimasq/ipam/ipamapi"
 )
-
-// allocation is the agent's answer to an allocation (the field names of
-// Cilium's IPAMAddressResponse).
-type allocation struct {
-	IP              string   `json:"ip"`
-	Gateway         string   `json:"gateway"`
-	CIDRs           []string `json:"cidrs"`
-	MasterMAC       string   `json:"master-mac"`
-	InterfaceNumber string   `json:"interface-number"`
-}
-
-// allocationInfo is one row of GET /v1/ipam, and of the answers of a
-// release and a GC.
-type allocationInfo struct {
-	IP          string `json:"ip"`
-	Owner       string `json:"owner"`
-	PodUID      string `json:"podUID,omitempty"`
-	ContainerID string `json:"containerID,omitempty"`
-	IfName      string `json:"ifname,omitempty"`
-	Family      string `json:"family"`
-	State       string `json:"state"`
-}
-
-// attachment is the CNI spec's attachment: container ID and interface name.
-type attachment struct {
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifname"`
-}
-
-// allocationRequest is the body of POST /v1/ipam.
-type allocationRequest struct {
-	Owner       string `json:"owner"`
-	PodUID      string `json:"podUID,omitempty"`
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifname"`
-	Family      string `json:"family"`
-}
 
 // apiError is the agent's error answer.
 type apiError struct {
-	Message string `json:"error"`
-	Reason  string `json:"reason"`
-	Code    int    `json:"-"`
+	Body ipamapi.Error
+	Code int
 }
 
 func (e *apiError) Error() string {
-	return fmt.Sprintf("agent: %s (%s, %d)", e.Message, e.Reason, e.Code)
+	return fmt.Sprintf("agent: %s (%s, %d)", e.Body.Message, e.Body.Reason, e.Code)
 }
 
 // agentClient talks to the enimasq-agent API on its unix socket.
@@ -120,7 +84,7 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 	}
 	if resp.StatusCode >= 300 {
 		e := &apiError{Code: resp.StatusCode}
-		if json.Unmarshal(data, e) == nil && e.Message != "" {
+		if json.Unmarshal(data, &e.Body) == nil && e.Body.Message != "" {
 			return resp.StatusCode, e
 		}
 		return resp.StatusCode, fmt.Errorf("agent answered %d: %s", resp.StatusCode, bytes.TrimSpace(data))
@@ -136,8 +100,8 @@ func (c *agentClient) do(method, path string, body any, out any) (int, error) {
 // allocate asks for an IP for the request's attachment and waits until its
 // rules are Done. created is false when the attachment already held the IP
 // (a retried ADD): the allocation is then not this call's to undo.
-func (c *agentClient) allocate(req allocationRequest, wait int) (a *allocation, created bool, err error) {
-	a = &allocation{}
+func (c *agentClient) allocate(req ipamapi.Request, wait int) (a *ipamapi.AllocationResult, created bool, err error) {
+	a = &ipamapi.AllocationResult{}
 	path := fmt.Sprintf("/v1/ipam?wait=true&timeout=%ds", wait)
 	code, err := c.do(http.MethodPost, path, req, a)
 	if err != nil {
@@ -157,25 +121,25 @@ func (c *agentClient) release(ip string) error {
 
 // releaseAttachment frees the IPs of one attachment and returns them (none
 // when the agent holds nothing for it).
-func (c *agentClient) releaseAttachment(att attachment) ([]allocationInfo, error) {
-	var released []allocationInfo
+func (c *agentClient) releaseAttachment(att ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
+	var released []ipamapi.AllocationInfo
 	_, err := c.do(http.MethodPost, "/v1/ipam/release", att, &released)
 	return released, err
 }
 
 // gc frees the IPs of every attachment not in valid and returns them.
-func (c *agentClient) gc(valid []attachment) ([]allocationInfo, error) {
+func (c *agentClient) gc(valid []ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
 	if valid == nil {
-		valid = []attachment{}
+		valid = []ipamapi.Attachment{}
 	}
-	var released []allocationInfo
-	_, err := c.do(http.MethodPost, "/v1/ipam/gc", map[string][]attachment{"validAttachments": valid}, &released)
+	var released []ipamapi.AllocationInfo
+	_, err := c.do(http.MethodPost, "/v1/ipam/gc", ipamapi.GCRequest{ValidAttachments: valid}, &released)
 	return released, err
 }
 
 // attachmentAllocations returns the allocations an attachment holds.
-func (c *agentClient) attachmentAllocations(att attachment) ([]allocationInfo, error) {
-	var list []allocationInfo
+func (c *agentClient) attachmentAllocations(att ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
+	var list []ipamapi.AllocationInfo
 	q := url.Values{"containerID": {att.ContainerID}, "ifname": {att.IfName}}
 	_, err := c.do(http.MethodGet, "/v1/ipam?"+q.Encode(), nil, &list)
 	return list, err
@@ -184,12 +148,12 @@ func (c *agentClient) attachmentAllocations(att attachment) ([]allocationInfo, e
 // legacyAllocations returns the allocations of family without an
 // attachment whose owner is one of owners: allocations of a version-1
 // checkpoint (or of an API client) that belong to the pod.
-func (c *agentClient) legacyAllocations(owners []string, family string) ([]allocationInfo, error) {
-	var list []allocationInfo
+func (c *agentClient) legacyAllocations(owners []string, family string) ([]ipamapi.AllocationInfo, error) {
+	var list []ipamapi.AllocationInfo
 	if _, err := c.do(http.MethodGet, "/v1/ipam", nil, &list); err != nil {
 		return nil, err
 	}
-	var out []allocationInfo
+	var out []ipamapi.AllocationInfo
 	for _, a := range list {
 		if a.ContainerID == "" && a.Family == family && slices.Contains(owners, a.Owner) {
 			out = append(out, a)

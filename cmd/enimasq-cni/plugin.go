@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -56,16 +58,16 @@ func netConf(args *skel.CmdArgs) (*NetConf, error) {
 
 // setup is the prologue of the commands on an attachment (ADD, DEL,
 // CHECK): the network configuration, the attachment and its pod.
-func setup(args *skel.CmdArgs) (*NetConf, attachment, pod, error) {
+func setup(args *skel.CmdArgs) (*NetConf, ipamapi.Attachment, pod, error) {
 	conf, err := netConf(args)
 	if err != nil {
-		return nil, attachment{}, pod{}, err
+		return nil, ipamapi.Attachment{}, pod{}, err
 	}
 	p, err := podOf(args)
 	if err != nil {
-		return nil, attachment{}, pod{}, types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
+		return nil, ipamapi.Attachment{}, pod{}, types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
 	}
-	return conf, attachment{ContainerID: args.ContainerID, IfName: args.IfName}, p, nil
+	return conf, ipamapi.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}, p, nil
 }
 
 // agentError is a failed call to the agent as a CNI error: "try again
@@ -75,7 +77,7 @@ func agentError(msg string, err error) error {
 	if errors.As(err, new(errAgentDown)) {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), msg)
 	}
-	if e := (*apiError)(nil); errors.As(err, &e) && e.Reason == "not-ready" {
+	if e := (*apiError)(nil); errors.As(err, &e) && e.Body.Reason == "not-ready" {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+msg, err.Error())
 	}
 	return types.NewError(types.ErrInternal, "enimasq-cni: "+msg, err.Error())
@@ -87,7 +89,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return err
 	}
 	agent := newAgentClient(conf.AgentSocket, time.Duration(conf.WaitSeconds+5)*time.Second)
-	alloc, created, err := agent.allocate(allocationRequest{
+	alloc, created, err := agent.allocate(ipamapi.Request{
 		Owner: p.Owner, PodUID: p.UID, ContainerID: att.ContainerID, IfName: att.IfName, Family: conf.Family,
 	}, conf.WaitSeconds)
 	if err != nil {
@@ -119,7 +121,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // wirePod creates the veth pair, addresses and routes for an allocation.
-func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *allocation, hostName string, vethMade *bool) (*current.Result, error) {
+func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult, hostName string, vethMade *bool) (*current.Result, error) {
 	podIP, err := netip.ParseAddr(alloc.IP)
 	if err != nil {
 		return nil, fmt.Errorf("agent returned IP %q: %w", alloc.IP, err)
@@ -354,7 +356,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 // attachment's allocation of the IP, the veth, the pod address, the host
 // route and the pod's ip rules. An IP of a version-1 checkpoint (no
 // attachment) counts when the pod's owner holds it.
-func checkPod(args *skel.CmdArgs, conf *NetConf, att attachment, p pod, podIP netip.Addr) error {
+func checkPod(args *skel.CmdArgs, conf *NetConf, att ipamapi.Attachment, p pod, podIP netip.Addr) error {
 	agent := newAgentClient(conf.AgentSocket, 10*time.Second)
 	held, err := agent.attachmentAllocations(att)
 	if err != nil {
@@ -365,7 +367,7 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, att attachment, p pod, podIP ne
 			return err
 		}
 	}
-	if !slices.ContainsFunc(held, func(a allocationInfo) bool { return a.IP == podIP.String() }) {
+	if !slices.ContainsFunc(held, func(a ipamapi.AllocationInfo) bool { return a.IP == podIP.String() }) {
 		return fmt.Errorf("the agent has no allocation of %s for attachment %s/%s (pod %s)", podIP, att.ContainerID, att.IfName, p.Owner)
 	}
 	hostName := hostVethName(args.ContainerID)
@@ -440,10 +442,10 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	valid := make([]attachment, 0, len(conf.ValidAttachments))
+	valid := make([]ipamapi.Attachment, 0, len(conf.ValidAttachments))
 	validContainers := map[string]bool{}
 	for _, a := range conf.ValidAttachments {
-		valid = append(valid, attachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		valid = append(valid, ipamapi.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 		validContainers[a.ContainerID] = true
 	}
 	agent := newAgentClient(conf.AgentSocket, 30*time.Second)

@@ -1,0 +1,93 @@
+// Package ipamapi is the wire format of the ENI IPAM's HTTP API (the agent
+// socket's /v1/ipam): the requests and answers the agent (package ipam),
+// the CNI plugin and enimasq-dbg exchange. It imports nothing of the
+// agent, so that the plugin, a short-lived binary the runtime starts for
+// every pod, stays small, and both sides read one definition.
+package ipamapi
+
+// Attachment is the CNI spec's attachment key: the container ID and the
+// interface name in the container.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// IsZero says whether there is no attachment (an allocation of the API).
+func (a Attachment) IsZero() bool { return a == Attachment{} }
+
+// String is "containerID/ifname" with the container ID cut to 12
+// characters, as container runtimes show it; "-" when there is none.
+func (a Attachment) String() string {
+	if a.IsZero() {
+		return "-"
+	}
+	id := a.ContainerID
+	if len(id) > 12 {
+		id = id[:12]
+	}
+	return id + "/" + a.IfName
+}
+
+// Request asks for an IP for an owner (NAMESPACE/POD), the body of
+// POST /v1/ipam. With a container ID (and an interface name) it is the
+// CNI's attachment's: asking again for the same attachment and family
+// returns the same IP, and another attachment of the same pod gets its own.
+// Family is "ipv4" (default) or "ipv6"; IP asks for a given address.
+type Request struct {
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Family      string `json:"family,omitempty"`
+	IP          string `json:"ip,omitempty"`
+}
+
+// Attachment is the request's attachment (zero without a container ID).
+func (r Request) Attachment() Attachment {
+	return Attachment{ContainerID: r.ContainerID, IfName: r.IfName}
+}
+
+// AllocationResult is what an allocation returns, with the JSON field names
+// of Cilium's IPAMAddressResponse.
+type AllocationResult struct {
+	IP              string   `json:"ip"`
+	Gateway         string   `json:"gateway"`
+	CIDRs           []string `json:"cidrs"`
+	MasterMAC       string   `json:"master-mac"`
+	InterfaceNumber string   `json:"interface-number"`
+}
+
+// AllocationInfo is one allocation as GET /v1/ipam lists it, and as a
+// release or a GC answers what it freed.
+type AllocationInfo struct {
+	IP          string `json:"ip"`
+	Owner       string `json:"owner"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Family      string `json:"family"`
+	ENI         string `json:"eni,omitempty"`
+	State       string `json:"state"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// Attachment is the allocation's attachment (zero for the API's own).
+func (i AllocationInfo) Attachment() Attachment {
+	return Attachment{ContainerID: i.ContainerID, IfName: i.IfName}
+}
+
+// GCRequest lists the attachments the runtime still has (the CNI's GC),
+// the body of POST /v1/ipam/gc.
+type GCRequest struct {
+	ValidAttachments []Attachment `json:"validAttachments"`
+}
+
+// Error is the JSON body of every error answer.
+type Error struct {
+	Message string `json:"error"`
+	// Reason is a stable, machine-readable name of the error.
+	Reason string `json:"reason"`
+	// Result is set when the IP is allocated but waiting for its rules
+	// failed: the allocation stands.
+	Result *AllocationResult `json:"result,omitempty"`
+}
