@@ -35,7 +35,7 @@ func benchCiliumNode() string {
 	for i := range benchPods {
 		eni, third := 1, 100+i/250
 		if i >= 250 {
-			eni, third = 2, 112+(i-250)/250
+			eni, third = 2, 113+(i-250)/250 // 10.130.112.1 is the gateway
 		}
 		fmt.Fprintf(&b, "      10.130.%d.%d: {resource: eni-%d}\n", third, 1+i%250, eni)
 	}
@@ -58,6 +58,10 @@ var benchCIDRs = []string{
 var benchNewCIDR = netip.MustParsePrefix("198.18.0.0/15")
 
 type benchEnv struct {
+	// config is the ip-masq-agent file when the CIDRs come from it (the
+	// ipmasq cell's watcher in the timed path); "" when the benchmark
+	// writes the table itself.
+	config string
 	n      *testNetNS
 	nl     *countingNetlink
 	db     *statedb.DB
@@ -69,6 +73,19 @@ type benchEnv struct {
 }
 
 func (e *benchEnv) setCIDRs(b *testing.B, extra ...netip.Prefix) {
+	if e.config != "" {
+		var f strings.Builder
+		f.WriteString("nonMasqueradeCIDRs:\n")
+		for _, c := range benchCIDRs {
+			fmt.Fprintf(&f, "- %s\n", c)
+		}
+		for _, p := range extra {
+			fmt.Fprintf(&f, "- %s\n", p)
+		}
+		f.WriteString("masqLinkLocal: true\n")
+		writeAtomic(b, e.config, f.String())
+		return
+	}
 	var rows []ipmasq.CIDR
 	for _, s := range benchCIDRs {
 		rows = append(rows, ipmasq.CIDR{Prefix: netip.MustParsePrefix(s), Source: ipmasq.SourceConfig})
@@ -109,39 +126,52 @@ func (e *benchEnv) waitRules(b *testing.B, dst netip.Prefix, want, total int) {
 	}
 }
 
-func newBenchEnv(b *testing.B) *benchEnv {
+// newBenchEnv starts the ipam cell in a fresh netns with pods running pods,
+// each with benchCIDRs' rules in the kernel. With fromFile the CIDRs come
+// from an ip-masq-agent file through the ipmasq cell (the path a user's
+// edit takes); without, the benchmark writes ip-masq-agent-cidrs itself.
+func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 	n := newTestNetNS(b, false)
 	e := &benchEnv{n: n, nl: &countingNetlink{Netlink: n.H}, tables: map[netip.Addr]int{}}
 	dir := b.TempDir()
 	writeAtomic(b, filepath.Join(dir, "ciliumnode.yaml"), benchCiliumNode())
+	args := []string{
+		"--state-dir", filepath.Join(dir, "state"), "--bpf-root", dir,
+		"--enable-bpf-masquerade", "--ciliumnode-path", filepath.Join(dir, "ciliumnode.yaml"),
+	}
 
 	var initCIDRs func(statedb.WriteTxn)
-	h := infra.New(
-		infra.Core, infra.NodeConfigCell,
+	cidrsCell := cell.Provide(func(db *statedb.DB) (statedb.RWTable[*ipmasq.CIDR], statedb.Table[*ipmasq.CIDR], error) {
 		// The ip-masq-agent-cidrs table, written by the benchmark itself:
 		// no file watcher in the timed path.
-		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*ipmasq.CIDR], statedb.Table[*ipmasq.CIDR], error) {
-			tbl, err := ipmasq.NewTable(db)
-			if err != nil {
-				return nil, nil, err
-			}
-			wtxn := db.WriteTxn(tbl)
-			initCIDRs = tbl.RegisterInitializer(wtxn, "bench")
-			wtxn.Commit()
-			return tbl, tbl, nil
-		}),
+		tbl, err := ipmasq.NewTable(db)
+		if err != nil {
+			return nil, nil, err
+		}
+		wtxn := db.WriteTxn(tbl)
+		initCIDRs = tbl.RegisterInitializer(wtxn, "bench")
+		wtxn.Commit()
+		e.cidrs = tbl
+		return tbl, tbl, nil
+	})
+	if fromFile {
+		e.config = filepath.Join(dir, "config", "ip-masq-agent")
+		e.setCIDRs(b)
+		cidrsCell = ipmasq.Cell
+		args = append(args, "--enable-ip-masq-agent", "--ip-masq-agent-config-path", e.config)
+	}
+	h := infra.New(
+		infra.Core, infra.NodeConfigCell,
+		cidrsCell,
 		ipam.Cell,
 		cell.Provide(func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: e.nl} }),
-		cell.Invoke(func(db *statedb.DB, cidrs statedb.RWTable[*ipmasq.CIDR], rules statedb.Table[*ipam.Rule], alloc *ipam.Allocator) {
-			e.db, e.cidrs, e.rules, e.alloc = db, cidrs, rules, alloc
+		cell.Invoke(func(db *statedb.DB, rules statedb.Table[*ipam.Rule], alloc *ipam.Allocator) {
+			e.db, e.rules, e.alloc = db, rules, alloc
 		}),
 	)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
-	if err := flags.Parse([]string{
-		"--state-dir", filepath.Join(dir, "state"), "--bpf-root", dir,
-		"--enable-bpf-masquerade", "--ciliumnode-path", filepath.Join(dir, "ciliumnode.yaml"),
-	}); err != nil {
+	if err := flags.Parse(args); err != nil {
 		b.Fatal(err)
 	}
 	log := hivetest.Logger(b, hivetest.LogLevel(slog.LevelWarn))
@@ -150,13 +180,15 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	}
 	b.Cleanup(func() { h.Stop(log, context.Background()) })
 
-	e.setCIDRs(b)
-	wtxn := e.db.WriteTxn(e.cidrs)
-	initCIDRs(wtxn)
-	wtxn.Commit()
+	if !fromFile {
+		e.setCIDRs(b)
+		wtxn := e.db.WriteTxn(e.cidrs)
+		initCIDRs(wtxn)
+		wtxn.Commit()
+	}
 
 	deadline := time.Now().Add(30 * time.Second)
-	for i := range benchPods {
+	for i := range pods {
 		for {
 			res, _, err := e.alloc.Allocate(ipam.Request{Owner: fmt.Sprintf("bench/pod-%d", i)})
 			if err == nil {
@@ -171,7 +203,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 			time.Sleep(10 * time.Millisecond) // CiliumNode or checkpoint not read yet
 		}
 	}
-	e.waitRules(b, netip.Prefix{}, 0, benchPods*(1+len(benchCIDRs)))
+	e.waitRules(b, netip.Prefix{}, 0, pods*(1+len(benchCIDRs)))
 	return e
 }
 
@@ -188,17 +220,28 @@ func egressRule(pod netip.Addr, dst netip.Prefix, table int) *netlink.Rule {
 
 // BenchmarkAddCIDR500Pods: 500 pods with 8 CIDRs each (4000 egress rules
 // plus 500 priority-20 rules in the kernel); one non-masquerade CIDR is
-// added. It must cost exactly 500 rule additions and nothing else. Reported:
+// added to ip-masq-agent-cidrs. It must cost exactly 500 rule additions and
+// nothing else. Reported:
 //
 //	floor-ms      a raw netlink loop of the same 500 additions, same run
 //	x-floor       the cell's time (table write until all 500 rows Done) / floor
 //	rebuild-x-floor  re-running every pod's setup (delete its 8 egress
 //	              rules, add its 9) / floor: what Cilium needs to apply it
 //	x-rebuild     the cell's time / the rebuild's
-func BenchmarkAddCIDR500Pods(b *testing.B) {
+func BenchmarkAddCIDR500Pods(b *testing.B) { benchAddCIDR(b, benchPods, false) }
+
+// BenchmarkFileEditRules100Pods is the path a user's edit takes: one CIDR
+// added to the ip-masq-agent file (written as a ConfigMap update or an
+// editor does, by rename), until the kernel holds the new rule of each of
+// 100 running pods and every row is Done: the file watch, the parse, the
+// table diff, the derive and the netlink reconciler. Same figures as
+// BenchmarkAddCIDR500Pods.
+func BenchmarkFileEditRules100Pods(b *testing.B) { benchAddCIDR(b, 100, true) }
+
+func benchAddCIDR(b *testing.B, pods int, fromFile bool) {
 	celltest.RequireRoot(b)
-	e := newBenchEnv(b)
-	total := benchPods * (1 + len(benchCIDRs))
+	e := newBenchEnv(b, pods, fromFile)
+	total := pods * (1 + len(benchCIDRs))
 	oldCIDRs := make([]netip.Prefix, 0, len(benchCIDRs))
 	for _, s := range ipam.CoalesceCIDRs(parsePrefixes(benchCIDRs)) {
 		oldCIDRs = append(oldCIDRs, s)
@@ -230,11 +273,11 @@ func BenchmarkAddCIDR500Pods(b *testing.B) {
 		b.StartTimer()
 		start = time.Now()
 		e.setCIDRs(b, benchNewCIDR)
-		e.waitRules(b, benchNewCIDR, benchPods, total+benchPods)
+		e.waitRules(b, benchNewCIDR, pods, total+pods)
 		ours += time.Since(start)
 		b.StopTimer()
-		if got := e.nl.ruleAdds.Load() - adds; got != benchPods {
-			b.Fatalf("%d rule additions, want exactly %d", got, benchPods)
+		if got := e.nl.ruleAdds.Load() - adds; got != int64(pods) {
+			b.Fatalf("%d rule additions, want exactly %d", got, pods)
 		}
 		if got := e.nl.ruleDels.Load() - dels; got != 0 {
 			b.Fatalf("%d rule deletions, want 0", got)
@@ -242,11 +285,11 @@ func BenchmarkAddCIDR500Pods(b *testing.B) {
 		if got := e.nl.routeReplaces.Load() + e.nl.routeDels.Load() - routes; got != 0 {
 			b.Fatalf("%d route operations, want 0", got)
 		}
-		b.ReportMetric(benchPods, "rule-adds")
+		b.ReportMetric(float64(pods), "rule-adds")
 		dels = e.nl.ruleDels.Load()
 		e.setCIDRs(b)
 		e.waitRules(b, benchNewCIDR, 0, total)
-		for e.nl.ruleDels.Load()-dels < benchPods {
+		for e.nl.ruleDels.Load()-dels < int64(pods) {
 			time.Sleep(time.Millisecond) // the kernel deletions follow the rows'
 		}
 
