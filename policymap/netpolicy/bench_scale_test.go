@@ -3,11 +3,15 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 // bigObject is one PolicyEndpoint with many egress rules and pods, shaped
@@ -75,4 +79,64 @@ func BenchmarkPolicyCompileScaling(b *testing.B) {
 	b.ReportMetric(float64(tl)/float64(ts), "ratio")
 	b.ReportMetric(float64(n5), "entries-5k")
 	b.ReportMetric(float64(n50), "entries-50k")
+}
+
+// manyPodsObject is the shape of the 3.8 MB file: 50,000 pods
+// (about 76 bytes of YAML each) and a rule per direction.
+func manyPodsObject(pods int) *PolicyEndpoint {
+	pe := bigObject("many-pods", 2, pods)
+	pe.Egress = pe.Egress[1:] // 10.0.0.0/8 udp/53
+	pe.Ingress = pe.Ingress[1:]
+	return pe
+}
+
+// BenchmarkPolicyManyPodsMemory writes one PolicyEndpoint with 50,000 pods
+// and a rule per direction (manyPodsObject) into a running deriver (no maps) and
+// measures the memory its table rows hold: heap-MB is the heap in use
+// after a collection, less that before; rss-MB the growth of the
+// process's resident set (the first run's: the Go runtime keeps freed
+// pages); B/entry the heap per policy-map-entries row.
+func BenchmarkPolicyManyPodsMemory(b *testing.B) {
+	const pods = 50000
+	pe := manyPodsObject(pods)
+	perPod := len(CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe}))
+	var heap, rss float64
+	for b.Loop() {
+		b.StopTimer()
+		before, rssBefore := heapInUse(), residentSet(b)
+		b.StartTimer()
+		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true})
+		f.write(false, pe)
+		waitNumEntries(b, f, pods*perPod)
+		b.StopTimer()
+		heap += float64(heapInUse() - before)
+		if rss == 0 {
+			rss = float64(residentSet(b) - rssBefore)
+		}
+		f.stop()
+		b.StartTimer()
+	}
+	b.ReportMetric(heap/float64(b.N)/(1<<20), "heap-MB")
+	b.ReportMetric(rss/(1<<20), "rss-MB")
+	b.ReportMetric(heap/float64(b.N)/float64(pods*perPod), "B/entry")
+	b.ReportMetric(float64(perPod), "entries/pod")
+}
+
+// residentSet is the process's resident set size (VmRSS), in bytes.
+func residentSet(tb testing.TB) uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	tb.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }

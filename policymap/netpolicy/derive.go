@@ -208,6 +208,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			}
 		}
 		clear(d.templates) // no work left: their pods are written
+		clear(d.hosts)
 		if c := d.compilingText(); pods > 0 || c != lastCompiling {
 			if pods > 0 && len(d.compiling) == 0 {
 				d.metrics.compiled(time.Since(start))

@@ -14,7 +14,7 @@ import (
 func smallObject() *PolicyEndpoint {
 	return &PolicyEndpoint{
 		Namespace: "bench", Name: "small", PolicyRef: "bench/small", IsolatesEgress: true,
-		Pods: []PodEndpoint{{PodIP: netip.MustParseAddr("192.168.0.1"), HostIP: netip.MustParseAddr("100.127.0.1")}},
+		Pods:   []PodEndpoint{{PodIP: netip.MustParseAddr("192.168.0.1"), HostIP: netip.MustParseAddr("100.127.0.1")}},
 		Egress: []Rule{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 80}}}},
 	}
 }
