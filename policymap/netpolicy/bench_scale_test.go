@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -139,4 +140,38 @@ func residentSet(tb testing.TB) uint64 {
 	}
 	tb.Fatal("no VmRSS in /proc/self/status")
 	return 0
+}
+
+// BenchmarkPolicySmallDuringLargeCompile: with the maps and the
+// reconciler running, a 50,000-rule PolicyEndpoint is written, then a
+// one-rule one. small-ms is the time from the small one's write until its
+// entries are Done (in the kernel); large-ms the time from the large one's
+// write until all its entries are. The small one must not wait for the
+// large one.
+func BenchmarkPolicySmallDuringLargeCompile(b *testing.B) {
+	celltest.RequireRoot(b)
+	h := startPolicyHarness(b, harnessOptions{})
+	large, small := bigObject("large", 50000, 1), smallObject()
+	smallWant := CompilePod(small.Pods[0].PodIP, []*PolicyEndpoint{small})
+	n := len(CompilePod(large.Pods[0].PodIP, []*PolicyEndpoint{large})) + len(smallWant)
+	var ts, tl time.Duration
+	for b.Loop() {
+		runtime.GC()
+		start := time.Now()
+		h.setEndpoints([]*PolicyEndpoint{large})
+		smallStart := time.Now()
+		wtxn := h.db.WriteTxn(h.endpoints)
+		h.endpoints.Insert(wtxn, small)
+		wtxn.Commit()
+		h.waitPod(small.Pods[0].PodIP, smallWant)
+		ts += time.Since(smallStart)
+		h.waitAllDone(n)
+		tl += time.Since(start)
+		b.StopTimer()
+		h.setEndpoints(nil)
+		h.waitAllDone(0)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(ts.Microseconds())/1e3/float64(b.N), "small-ms")
+	b.ReportMetric(float64(tl.Microseconds())/1e3/float64(b.N), "large-ms")
 }

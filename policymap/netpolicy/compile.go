@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -165,23 +166,39 @@ const (
 	evExcept          // the rule's except starts
 )
 
-// sweepItem is a boundary prefix and what starts there.
+// sweepItem is a boundary prefix and what starts there, in 24 bytes: the
+// address left-aligned in 128 bits (an IPv4 address in the top 32), so
+// that sorting by (hi, lo, bits) is the prefix tree in preorder.
 type sweepItem struct {
-	hi, lo uint64 // the prefix's address, big-endian
+	hi, lo uint64
+	rule   int32
 	bits   uint8
 	kind   uint8
-	rule   int32
-	prefix netip.Prefix
 }
 
 func newSweepItem(p netip.Prefix, kind uint8, rule int) sweepItem {
-	a := p.Addr().As16()
-	it := sweepItem{bits: uint8(p.Bits()), kind: kind, rule: int32(rule), prefix: p}
-	for i := range 8 {
-		it.hi = it.hi<<8 | uint64(a[i])
-		it.lo = it.lo<<8 | uint64(a[8+i])
+	it := sweepItem{bits: uint8(p.Bits()), kind: kind, rule: int32(rule)}
+	if p.Addr().Is4() {
+		a := p.Addr().As4()
+		it.hi = uint64(binary.BigEndian.Uint32(a[:])) << 32
+		return it
 	}
+	a := p.Addr().As16()
+	it.hi, it.lo = binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(a[8:])
 	return it
+}
+
+// prefix is the item's prefix, of family fam.
+func (it *sweepItem) prefix(fam bpf.Family) netip.Prefix {
+	if fam == bpf.IPv4 {
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], uint32(it.hi>>32))
+		return netip.PrefixFrom(netip.AddrFrom4(a), int(it.bits))
+	}
+	var a [16]byte
+	binary.BigEndian.PutUint64(a[:8], it.hi)
+	binary.BigEndian.PutUint64(a[8:], it.lo)
+	return netip.PrefixFrom(netip.AddrFrom16(a), int(it.bits))
 }
 
 func (a *sweepItem) samePrefix(b *sweepItem) bool {
@@ -190,7 +207,20 @@ func (a *sweepItem) samePrefix(b *sweepItem) bool {
 
 // contains reports whether a's prefix contains b's.
 func (a *sweepItem) contains(b *sweepItem) bool {
-	return a.bits <= b.bits && a.prefix.Contains(b.prefix.Addr())
+	if a.bits > b.bits {
+		return false
+	}
+	hi, lo := b.hi, b.lo
+	switch {
+	case a.bits == 0:
+		hi, lo = 0, 0
+	case a.bits <= 64:
+		hi &= ^uint64(0) << (64 - a.bits)
+		lo = 0
+	case a.bits < 128:
+		lo &= ^uint64(0) << (128 - a.bits)
+	}
+	return hi == a.hi && lo == a.lo
 }
 
 // compileDirection compiles one direction of a selection in one sweep:
@@ -320,7 +350,7 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		apply(group)
 		stack = append(stack, group)
 
-		peer := group[0].prefix
+		peer := group[0].prefix(fam)
 		switch {
 		case slices.ContainsFunc(group, func(it sweepItem) bool { return it.kind == evHost }):
 			t.entries = append(t.entries, templateEntry{peer: peer, value: anyBytes, text: anyText})
@@ -334,9 +364,10 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 }
 
 // valueInterner shares the bytes and text of equal values within a
-// template.
+// template; a value seen before costs no allocation.
 type valueInterner struct {
 	scratch []bpf.PortEntry
+	key     []byte
 	seen    map[string]templateEntry
 }
 
@@ -355,16 +386,22 @@ func (v *valueInterner) entry(peer netip.Prefix, cover *portCover) templateEntry
 		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: msg}
 	}
 	v.scratch = cover.appendEntries(v.scratch[:0])
+	v.key = v.key[:0]
+	for _, e := range v.scratch {
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.Protocol)
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.StartPort)
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.EndPort)
+	}
+	if e, ok := v.seen[string(v.key)]; ok {
+		e.peer = peer
+		return e
+	}
 	vb, text, err := bpf.EncodePortEntries(v.scratch)
 	if err != nil { // the count was checked; protocols are never 0
 		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: err.Error()}
 	}
-	if e, ok := v.seen[string(vb)]; ok {
-		e.peer = peer
-		return e
-	}
 	e := templateEntry{peer: peer, value: vb, text: text}
-	v.seen[string(vb)] = e
+	v.seen[string(v.key)] = e
 	return e
 }
 
