@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -15,6 +16,12 @@ var (
 	denyBytes, _ = denyValue.MarshalBinary()
 	anyValue     = bpf.PolicyValue{bpf.AnyPortEntry}
 	anyBytes, _  = anyValue.MarshalBinary()
+)
+
+// Texts of the shared values.
+var (
+	denyText = denyValue.String()
+	anyText  = anyValue.String()
 )
 
 // CompilePod returns the map entries of a pod IP for every direction, from
@@ -41,179 +48,386 @@ var (
 // covers the peer iff it covers B. A union of more than
 // bpf.PolicyMaxPortEntries entries is an error on the entry, whose value
 // then denies (fails closed).
+//
+// The entries of a pod are its selection's [policyTemplate]s stamped with
+// its IP (compileSelection, stamp): pods with the same selecting objects and
+// node IP share one compilation and its values.
 func CompilePod(pod netip.Addr, pes []*PolicyEndpoint) []*PolicyMapEntry {
+	sel, ok := selectionOf(pod, pes, func(pe *PolicyEndpoint) (PodEndpoint, bool) { return pe.podEntry(pod) })
+	if !ok {
+		return nil
+	}
 	var out []*PolicyMapEntry
-	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-		out = compileDirection(out, pod, d, pes)
+	for _, t := range compileSelection(sel) {
+		out = t.stamp(out, pod)
 	}
 	return out
 }
 
-// boundary is a prefix that gets a key, and whether it is the node's IP.
-type boundary struct {
-	prefix netip.Prefix
-	host   bool
+// selection is what decides a pod IP's entries: its family, the objects
+// that select it (sorted by key) and the node IPs they give for it. Pods
+// with equal selections get equal entries but for the pod IP in the key.
+type selection struct {
+	family bpf.Family
+	pes    []*PolicyEndpoint
+	hosts  []netip.Addr // sorted, of the family
 }
 
-func compileDirection(out []*PolicyMapEntry, pod netip.Addr, d bpf.Direction, pes []*PolicyEndpoint) []*PolicyMapEntry {
-	fam := bpf.FamilyOf(pod)
-	root := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-	if fam == bpf.IPv6 {
-		root = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-	}
-
-	isolated, selected := false, false
-	var rules []*Rule
-	var hosts []netip.Addr
+// selectionOf returns the selection of a pod IP among pes, with entry
+// finding the pod's entry in an object; false if no object selects it.
+func selectionOf(pod netip.Addr, pes []*PolicyEndpoint, entry func(*PolicyEndpoint) (PodEndpoint, bool)) (selection, bool) {
+	sel := selection{family: bpf.FamilyOf(pod)}
 	for _, pe := range pes {
-		podEntry, ok := pe.podEntry(pod)
+		e, ok := entry(pe)
 		if !ok {
 			continue
 		}
-		selected = true
-		if podEntry.HostIP.IsValid() && !slices.Contains(hosts, podEntry.HostIP) {
-			hosts = append(hosts, podEntry.HostIP)
+		sel.pes = append(sel.pes, pe)
+		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
+			sel.hosts = append(sel.hosts, h)
 		}
+	}
+	if len(sel.pes) == 0 {
+		return sel, false
+	}
+	slices.SortFunc(sel.pes, func(a, b *PolicyEndpoint) int { return cmp.Compare(a.Key(), b.Key()) })
+	slices.SortFunc(sel.hosts, netip.Addr.Compare)
+	return sel, true
+}
+
+// key identifies the selection while its objects are alive: the objects
+// are immutable, so their addresses stand for their contents.
+func (s selection) key() string {
+	b := make([]byte, 0, 1+8*len(s.pes)+17*len(s.hosts))
+	b = append(b, byte(s.family))
+	for _, pe := range s.pes {
+		b = fmt.Appendf(b, "%p", pe)
+	}
+	for _, h := range s.hosts {
+		b = append(b, '/')
+		b = append(b, h.AsSlice()...)
+	}
+	return string(b)
+}
+
+// weight is the size of the selection's compile work: its rules and
+// excepts in the directions its objects isolate.
+func (s selection) weight() int {
+	n := 0
+	for _, pe := range s.pes {
+		for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+			if !pe.Isolates(d) {
+				continue
+			}
+			for _, r := range pe.Rules(d) {
+				n += 1 + len(r.Except)
+			}
+		}
+	}
+	return n
+}
+
+// policyTemplate is the compiled entries of one map for every pod IP of
+// one selection: peers and values, without the pod IP. Immutable; its
+// value bytes and texts are shared by the entries stamped from it.
+type policyTemplate struct {
+	mapName string
+	entries []templateEntry
+}
+
+type templateEntry struct {
+	peer  netip.Prefix
+	value []byte
+	text  string
+	err   string
+}
+
+// compileSelection returns the templates of the selection, egress first.
+func compileSelection(sel selection) []*policyTemplate {
+	out := make([]*policyTemplate, 0, 2)
+	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+		out = append(out, compileDirection(sel, d))
+	}
+	return out
+}
+
+func rootPrefix(fam bpf.Family) netip.Prefix {
+	if fam == bpf.IPv6 {
+		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+}
+
+// event kinds at a boundary prefix, in the order they are sorted.
+const (
+	evBoundary = iota // a key only: the root, an except of no effect
+	evHost            // the node IP: allow-all
+	evCIDR            // the rule's cidr starts
+	evExcept          // the rule's except starts
+)
+
+// sweepItem is a boundary prefix and what starts there, in 24 bytes: the
+// address left-aligned in 128 bits (an IPv4 address in the top 32), so
+// that sorting by (hi, lo, bits) is the prefix tree in preorder.
+type sweepItem struct {
+	hi, lo uint64
+	rule   int32
+	bits   uint8
+	kind   uint8
+}
+
+func newSweepItem(p netip.Prefix, kind uint8, rule int) sweepItem {
+	it := sweepItem{bits: uint8(p.Bits()), kind: kind, rule: int32(rule)}
+	if p.Addr().Is4() {
+		a := p.Addr().As4()
+		it.hi = uint64(binary.BigEndian.Uint32(a[:])) << 32
+		return it
+	}
+	a := p.Addr().As16()
+	it.hi, it.lo = binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(a[8:])
+	return it
+}
+
+// prefix is the item's prefix, of family fam.
+func (it *sweepItem) prefix(fam bpf.Family) netip.Prefix {
+	if fam == bpf.IPv4 {
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], uint32(it.hi>>32))
+		return netip.PrefixFrom(netip.AddrFrom4(a), int(it.bits))
+	}
+	var a [16]byte
+	binary.BigEndian.PutUint64(a[:8], it.hi)
+	binary.BigEndian.PutUint64(a[8:], it.lo)
+	return netip.PrefixFrom(netip.AddrFrom16(a), int(it.bits))
+}
+
+func (a *sweepItem) samePrefix(b *sweepItem) bool {
+	return a.hi == b.hi && a.lo == b.lo && a.bits == b.bits
+}
+
+// contains reports whether a's prefix contains b's.
+func (a *sweepItem) contains(b *sweepItem) bool {
+	if a.bits > b.bits {
+		return false
+	}
+	hi, lo := b.hi, b.lo
+	switch {
+	case a.bits == 0:
+		hi, lo = 0, 0
+	case a.bits <= 64:
+		hi &= ^uint64(0) << (64 - a.bits)
+		lo = 0
+	case a.bits < 128:
+		lo &= ^uint64(0) << (128 - a.bits)
+	}
+	return hi == a.hi && lo == a.lo
+}
+
+// compileDirection compiles one direction of a selection in one sweep:
+// the boundaries, sorted by address then length, are the prefix tree in
+// preorder; a stack holds the boundaries that contain the current one. A
+// rule is live below its cidr and blocked below any of its excepts;
+// entering a boundary adds or removes the ports of the rules that start or
+// are excepted there, leaving it undoes that. The live ports are counted
+// per port (portCover), so the value at a boundary costs at most a few
+// dozen steps whatever the number of rules. Time: O(n log n) in the
+// number of cidrs, excepts and port specs.
+func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
+	fam := sel.family
+	root := rootPrefix(fam)
+	t := &policyTemplate{mapName: bpf.PolicyMapName(d, fam)}
+
+	var rules []*Rule
+	isolated := false
+	for _, pe := range sel.pes {
 		if !pe.Isolates(d) {
 			continue
 		}
 		isolated = true
 		rs := pe.Rules(d)
 		for i := range rs {
-			if bpf.FamilyOf(rs[i].CIDR.Addr()) == fam {
+			if rs[i].CIDR.IsValid() && bpf.FamilyOf(rs[i].CIDR.Addr()) == fam {
 				rules = append(rules, &rs[i])
 			}
 		}
 	}
-	if !selected {
-		return out
-	}
 	if !isolated {
-		w := newEntryWriter(bpf.PolicyMapName(d, fam), pod, 1)
-		return append(out, w.entry(root, anyBytes, anyText, ""))
+		t.entries = []templateEntry{{peer: root, value: anyBytes, text: anyText}}
+		return t
 	}
 
-	bounds := []boundary{{prefix: root}}
-	for _, r := range rules {
-		bounds = append(bounds, boundary{prefix: r.CIDR})
+	items := make([]sweepItem, 0, 1+len(sel.hosts)+2*len(rules))
+	items = append(items, newSweepItem(root, evBoundary, -1))
+	for _, h := range sel.hosts {
+		items = append(items, newSweepItem(netip.PrefixFrom(h, h.BitLen()), evHost, -1))
+	}
+	dead := make([]bool, len(rules)) // an except covers the whole cidr
+	for i, r := range rules {
+		items = append(items, newSweepItem(r.CIDR, evCIDR, i))
 		for _, e := range r.Except {
-			bounds = append(bounds, boundary{prefix: e})
+			switch {
+			case !e.IsValid() || bpf.FamilyOf(e.Addr()) != fam:
+				continue // dropped by the parser; never a key of the wrong family
+			case prefixContains(e, r.CIDR):
+				dead[i] = true
+				items = append(items, newSweepItem(e, evBoundary, -1))
+			case prefixContains(r.CIDR, e):
+				items = append(items, newSweepItem(e, evExcept, i))
+			default: // disjoint: excludes nothing, still a key
+				items = append(items, newSweepItem(e, evBoundary, -1))
+			}
 		}
 	}
-	for _, h := range hosts {
-		bounds = append(bounds, boundary{prefix: netip.PrefixFrom(h, h.BitLen()), host: true})
-	}
-	// Sorted by prefix, host first among equals, then deduplicated: a host
-	// that is also a rule's /32 is still always allowed.
-	slices.SortFunc(bounds, func(a, b boundary) int {
-		if c := comparePrefixes(a.prefix, b.prefix); c != 0 {
+	slices.SortFunc(items, func(a, b sweepItem) int {
+		if c := cmp.Compare(a.hi, b.hi); c != 0 {
 			return c
 		}
-		switch {
-		case a.host && !b.host:
-			return -1
-		case b.host && !a.host:
-			return 1
+		if c := cmp.Compare(a.lo, b.lo); c != 0 {
+			return c
 		}
-		return 0
+		if c := cmp.Compare(a.bits, b.bits); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.kind, b.kind)
 	})
-	bounds = slices.CompactFunc(bounds, func(a, b boundary) bool { return a.prefix == b.prefix })
 
-	w := newEntryWriter(bpf.PolicyMapName(d, fam), pod, len(bounds))
-	var ports []Port
-	var scratch []bpf.PortEntry
-	for _, b := range bounds {
-		if b.host {
-			out = append(out, w.entry(b.prefix, anyBytes, anyText, ""))
-			continue
+	cover := newPortCover(rules)
+	live := make([]bool, len(rules))
+	blocked := make([]int32, len(rules))
+	allowAll := 0 // live, unblocked rules without ports
+	add := func(r int32, delta int) {
+		if len(rules[r].Ports) == 0 {
+			allowAll += delta
+			return
 		}
-		ports = ports[:0]
-		allowAll := false
-		for _, r := range rules {
-			if !r.applies(b.prefix) {
-				continue
+		cover.addRule(int(r), int32(delta))
+	}
+	apply := func(group []sweepItem) {
+		for _, it := range group {
+			switch r := it.rule; {
+			case it.kind == evCIDR && !dead[r]:
+				live[r] = true
+				if blocked[r] == 0 {
+					add(r, 1)
+				}
+			case it.kind == evExcept && !dead[r]:
+				if blocked[r]++; blocked[r] == 1 && live[r] {
+					add(r, -1)
+				}
 			}
-			if len(r.Ports) == 0 {
-				allowAll = true
-				break
+		}
+	}
+	undo := func(group []sweepItem) {
+		for i := len(group) - 1; i >= 0; i-- {
+			it := &group[i]
+			switch r := it.rule; {
+			case it.kind == evCIDR && !dead[r]:
+				live[r] = false
+				if blocked[r] == 0 {
+					add(r, -1)
+				}
+			case it.kind == evExcept && !dead[r]:
+				if blocked[r]--; blocked[r] == 0 && live[r] {
+					add(r, 1)
+				}
 			}
-			ports = append(ports, r.Ports...)
 		}
-		if allowAll {
-			out = append(out, w.entry(b.prefix, anyBytes, anyText, ""))
-			continue
+	}
+
+	values := newValueInterner()
+	var stack [][]sweepItem
+	for i := 0; i < len(items); {
+		j := i + 1
+		for j < len(items) && items[j].samePrefix(&items[i]) {
+			j++
 		}
-		scratch = mergePorts(scratch[:0], ports)
+		group := items[i:j]
+		i = j
+		for len(stack) > 0 && !stack[len(stack)-1][0].contains(&group[0]) {
+			undo(stack[len(stack)-1])
+			stack = stack[:len(stack)-1]
+		}
+		apply(group)
+		stack = append(stack, group)
+
+		peer := group[0].prefix(fam)
 		switch {
-		case len(scratch) == 0:
-			out = append(out, w.entry(b.prefix, denyBytes, denyText, ""))
-		case len(scratch) > bpf.PolicyMaxPortEntries:
-			msg := fmt.Sprintf("%d distinct port entries, a key holds at most %d: the key denies (fails closed)", len(scratch), bpf.PolicyMaxPortEntries)
-			out = append(out, w.entry(b.prefix, denyBytes, denyText, msg))
+		case slices.ContainsFunc(group, func(it sweepItem) bool { return it.kind == evHost }):
+			t.entries = append(t.entries, templateEntry{peer: peer, value: anyBytes, text: anyText})
+		case allowAll > 0:
+			t.entries = append(t.entries, templateEntry{peer: peer, value: anyBytes, text: anyText})
 		default:
-			out = append(out, w.valueEntry(b.prefix, scratch))
+			t.entries = append(t.entries, values.entry(peer, cover))
 		}
 	}
-	return out
+	return t
 }
 
-// Texts of the shared values.
-var (
-	denyText = denyValue.String()
-	anyText  = anyValue.String()
-)
-
-// entryWriter makes the entries of one pod IP and direction with few
-// allocations: the entries and their keys each come from one block; the
-// deny and allow-all values are shared by all entries.
-type entryWriter struct {
-	mapName string
-	pod     netip.Addr
-	entries []PolicyMapEntry
-	keys    []byte
+// valueInterner shares the bytes and text of equal values within a
+// template; a value seen before costs no allocation.
+type valueInterner struct {
+	scratch []bpf.PortEntry
+	key     []byte
+	seen    map[string]templateEntry
 }
 
-func newEntryWriter(mapName string, pod netip.Addr, n int) *entryWriter {
-	return &entryWriter{
-		mapName: mapName,
-		pod:     pod,
-		entries: make([]PolicyMapEntry, 0, n),
-		keys:    make([]byte, 0, n*(4+2*pod.BitLen()/8)),
+func newValueInterner() *valueInterner {
+	return &valueInterner{seen: map[string]templateEntry{}}
+}
+
+// entry returns the entry of peer with the value of the live ports.
+func (v *valueInterner) entry(peer netip.Prefix, cover *portCover) templateEntry {
+	n := cover.count()
+	switch {
+	case n == 0:
+		return templateEntry{peer: peer, value: denyBytes, text: denyText}
+	case n > bpf.PolicyMaxPortEntries:
+		msg := fmt.Sprintf("%d distinct port entries, a key holds at most %d: the key denies (fails closed)", n, bpf.PolicyMaxPortEntries)
+		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: msg}
 	}
-}
-
-// entry adds the entry of peer with the given value.
-func (w *entryWriter) entry(peer netip.Prefix, value []byte, text, compileErr string) *PolicyMapEntry {
-	w.entries = append(w.entries, PolicyMapEntry{
-		Map:   w.mapName,
-		Pod:   w.pod,
-		Peer:  peer,
-		Ports: text,
-		Error: compileErr,
-		value: value,
-	})
-	e := &w.entries[len(w.entries)-1]
-	start := len(w.keys)
-	keys, err := bpf.AppendPolicyKey(w.keys, w.pod, peer)
-	if err != nil {
-		// Pod and peer are of one family by construction; never encode
-		// something else.
-		e.Map, e.Error = "", fmt.Sprintf("cannot encode: %s", err)
+	v.scratch = cover.appendEntries(v.scratch[:0])
+	v.key = v.key[:0]
+	for _, e := range v.scratch {
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.Protocol)
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.StartPort)
+		v.key = binary.LittleEndian.AppendUint32(v.key, e.EndPort)
+	}
+	if e, ok := v.seen[string(v.key)]; ok {
+		e.peer = peer
 		return e
 	}
-	w.keys = keys
-	e.key = w.keys[start:len(w.keys):len(w.keys)]
+	vb, text, err := bpf.EncodePortEntries(v.scratch)
+	if err != nil { // the count was checked; protocols are never 0
+		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: err.Error()}
+	}
+	e := templateEntry{peer: peer, value: vb, text: text}
+	v.seen[string(v.key)] = e
 	return e
 }
 
-// valueEntry adds the entry of peer with a value of at most
-// bpf.PolicyMaxPortEntries port entries.
-func (w *entryWriter) valueEntry(peer netip.Prefix, ports []bpf.PortEntry) *PolicyMapEntry {
-	vb, text, err := bpf.EncodePortEntries(ports)
-	if err != nil { // the caller checked the count; protocols are never 0
-		return w.entry(peer, denyBytes, denyText, err.Error())
+// stamp appends the template's entries for a pod IP to out: the entries
+// and their keys each come from one block; values and texts are the
+// template's.
+func (t *policyTemplate) stamp(out []*PolicyMapEntry, pod netip.Addr) []*PolicyMapEntry {
+	n := len(t.entries)
+	block := make([]PolicyMapEntry, n)
+	keys := make([]byte, 0, n*(4+2*pod.BitLen()/8))
+	for i, te := range t.entries {
+		e := &block[i]
+		*e = PolicyMapEntry{Map: t.mapName, Pod: pod, Peer: te.peer, Ports: te.text, Error: te.err, value: te.value}
+		start := len(keys)
+		k, err := bpf.AppendPolicyKey(keys, pod, te.peer)
+		if err != nil {
+			// Pod and peer are of one family by construction; never encode
+			// something else.
+			e.Map, e.Error = "", fmt.Sprintf("cannot encode: %s", err)
+		} else {
+			keys = k
+			e.key = keys[start:len(keys):len(keys)]
+		}
+		out = append(out, e)
 	}
-	return w.entry(peer, vb, text, "")
+	return out
 }
 
 // podEntry returns the object's entry for a pod IP.
@@ -224,20 +438,6 @@ func (pe *PolicyEndpoint) podEntry(pod netip.Addr) (PodEndpoint, bool) {
 		}
 	}
 	return PodEndpoint{}, false
-}
-
-// applies reports whether the rule covers all of prefix b: its cidr
-// contains b and none of its excepts does.
-func (r *Rule) applies(b netip.Prefix) bool {
-	if !prefixContains(r.CIDR, b) {
-		return false
-	}
-	for _, e := range r.Except {
-		if prefixContains(e, b) {
-			return false
-		}
-	}
-	return true
 }
 
 // prefixContains reports whether outer contains all of inner.
@@ -254,7 +454,8 @@ func comparePrefixes(a, b netip.Prefix) int {
 
 // mergePorts is the union of port specs as sorted, merged entries: per
 // protocol (in protocol number order), every port if any spec says so,
-// otherwise the ranges merged where they overlap or touch.
+// otherwise the ranges merged where they overlap or touch. It is the
+// reference for portCover.
 func mergePorts(out []bpf.PortEntry, ports []Port) []bpf.PortEntry {
 	if len(ports) == 0 {
 		return out

@@ -229,3 +229,54 @@ func shuffleRules(rng *rand.Rand, rules []Rule) []Rule {
 	rng.Shuffle(len(out), func(a, b int) { out[a], out[b] = out[b], out[a] })
 	return out
 }
+
+// TestPortCoverMatchesMergePorts: the counted cover of random rules, added
+// and removed in random order, reads as mergePorts of the live rules'
+// ports: same entries, same count.
+func TestPortCoverMatchesMergePorts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	protos := []uint32{bpf.ProtocolTCP, bpf.ProtocolUDP, bpf.ProtocolSCTP}
+	for range 300 {
+		rules := make([]*Rule, 1+rng.IntN(12))
+		for i := range rules {
+			r := &Rule{}
+			for range rng.IntN(4) {
+				p := Port{Protocol: protos[rng.IntN(3)]}
+				if rng.IntN(8) != 0 {
+					p.Port = uint16(1 + rng.IntN(40))
+					if rng.IntN(3) == 0 {
+						p.EndPort = p.Port + uint16(1+rng.IntN(10))
+					}
+					if rng.IntN(20) == 0 {
+						p.Port, p.EndPort = 65530, 65535
+					}
+				}
+				r.Ports = append(r.Ports, p)
+			}
+			rules[i] = r
+		}
+		cover := newPortCover(rules)
+		live := make([]int32, len(rules))
+		for range 40 {
+			r := rng.IntN(len(rules))
+			if live[r] > 0 && rng.IntN(2) == 0 {
+				live[r]--
+				cover.addRule(r, -1)
+			} else {
+				live[r]++
+				cover.addRule(r, 1)
+			}
+			var ports []Port
+			for i, n := range live {
+				for range n {
+					ports = append(ports, rules[i].Ports...)
+				}
+			}
+			want := mergePorts(nil, ports)
+			got := cover.appendEntries(nil)
+			if !slices.Equal(got, want) || cover.count() != len(want) {
+				t.Fatalf("live %v of %v: cover %v (count %d), mergePorts %v", live, rules, got, cover.count(), want)
+			}
+		}
+	}
+}

@@ -138,7 +138,7 @@ func formatErrors(errs field.ErrorList) error {
 			msgs[i] = "field " + e.Field + " is given twice"
 		case field.ErrorTypeNotSupported:
 			msgs[i] = fmt.Sprintf("field %s: unknown field %q (known: %s)", e.Field, e.BadValue, e.Detail)
-		case field.ErrorTypeInternal:
+		case field.ErrorTypeInternal, field.ErrorTypeTooMany:
 			msgs[i] = "field " + e.Field + ": " + e.Detail
 		default:
 			value := fmt.Sprint(e.BadValue)

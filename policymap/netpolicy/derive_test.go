@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,9 +30,10 @@ type deriverFixture struct {
 	endpoints statedb.RWTable[*PolicyEndpoint]
 	entries   statedb.RWTable[*PolicyMapEntry]
 	initPEs   func(statedb.WriteTxn)
+	stop      func() // stops the deriver; also at the end of the test
 }
 
-func startDeriver(t *testing.T, node nodeconfig.Config) *deriverFixture {
+func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
 	t.Helper()
 	db := statedb.New()
 	eps, err := NewPolicyEndpointsTable(db)
@@ -50,13 +52,17 @@ func startDeriver(t *testing.T, node nodeconfig.Config) *deriverFixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.run(ctx, nopHealth{}) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs, stop: stop}
 }
 
 // write inserts (or, with del, deletes) objects in one transaction,

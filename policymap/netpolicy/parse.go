@@ -26,6 +26,20 @@ const (
 // MaxPolicyEndpointFileSize bounds one PolicyEndpoint file.
 const MaxPolicyEndpointFileSize = 8 << 20
 
+// The limits of one PolicyEndpoint, so that one object cannot take the
+// agent's time and memory without bound: compile time is linear in rules
+// and excepts (about 2 ms per 1,000), memory in pods times keys per pod.
+// Each admits 50,000 with room to spare.
+const (
+	// MaxPolicyEndpointPods bounds spec.podSelectorEndpoints.
+	MaxPolicyEndpointPods = 65536
+	// MaxPolicyEndpointRules bounds the rules of spec.ingress and
+	// spec.egress together.
+	MaxPolicyEndpointRules = 65536
+	// MaxPolicyEndpointExcepts bounds the excepts of all rules together.
+	MaxPolicyEndpointExcepts = 65536
+)
+
 // maxNameLength is Kubernetes' limit on object names.
 const maxNameLength = 253
 
@@ -187,6 +201,9 @@ func (v *validator) spec(path *field.Path, spec *policyEndpointSpec) {
 		}
 		v.pe.PolicyRef = ns + "/" + v.objectName(ref.Child("name"), spec.PolicyRef.Name)
 	}
+	if !v.withinLimits(path, spec) {
+		return
+	}
 	for i, t := range spec.PodIsolation {
 		p := path.Child("podIsolation").Index(i)
 		isolates := map[string]*bool{"Ingress": &v.pe.IsolatesIngress, "Egress": &v.pe.IsolatesEgress}[t]
@@ -202,6 +219,30 @@ func (v *validator) spec(path *field.Path, spec *policyEndpointSpec) {
 	v.pods(path.Child("podSelectorEndpoints"), spec.PodSelectorEndpoints)
 	v.pe.Ingress = v.rules(path.Child("ingress"), spec.Ingress, v.pe.IsolatesIngress, "Ingress")
 	v.pe.Egress = v.rules(path.Child("egress"), spec.Egress, v.pe.IsolatesEgress, "Egress")
+}
+
+// withinLimits checks the object's size against the limits of one
+// PolicyEndpoint, before anything is parsed.
+func (v *validator) withinLimits(path *field.Path, spec *policyEndpointSpec) bool {
+	excepts := 0
+	for _, r := range append(slices.Clip(spec.Ingress), spec.Egress...) {
+		excepts += len(r.Except)
+	}
+	for _, c := range []struct {
+		path   *field.Path
+		what   string
+		n, max int
+	}{
+		{path.Child("podSelectorEndpoints"), "pod IPs", len(spec.PodSelectorEndpoints), MaxPolicyEndpointPods},
+		{path, "rules (ingress and egress)", len(spec.Ingress) + len(spec.Egress), MaxPolicyEndpointRules},
+		{path, "excepts (ingress and egress)", excepts, MaxPolicyEndpointExcepts},
+	} {
+		if c.n > c.max {
+			v.fail(field.TooMany(c.path, c.n, c.max))
+			v.errs[len(v.errs)-1].Detail = fmt.Sprintf("%d %s, a PolicyEndpoint may have at most %d: split the policy", c.n, c.what, c.max)
+		}
+	}
+	return len(v.errs) == 0
 }
 
 func (v *validator) pods(path *field.Path, pods []podEndpoint) {

@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"reflect"
@@ -328,4 +329,20 @@ func FuzzParsePolicyEndpoints(f *testing.F) {
 			t.Fatalf("round trip changed objects:\n%+v\n%+v", withoutWarnings(pes), withoutWarnings(again))
 		}
 	})
+}
+
+// TestParseLimits: an object over a limit is refused with an error naming
+// the file, the object, the count and the limit.
+func TestParseLimits(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("apiVersion: networking.k8s.aws/v1alpha1\nkind: PolicyEndpoint\nmetadata: {name: big, namespace: ns}\nspec:\n  policyRef: {name: big}\n  podIsolation: [Egress]\n  egress:\n")
+	for i := range MaxPolicyEndpointRules + 1 {
+		fmt.Fprintf(&b, "  - cidr: 10.%d.%d.0/24\n", i>>8&255, i&255)
+	}
+	_, err := ParsePolicyEndpoints("/pe/big.yaml", []byte(b.String()))
+	want := fmt.Sprintf("%d rules (ingress and egress), a PolicyEndpoint may have at most %d", MaxPolicyEndpointRules+1, MaxPolicyEndpointRules)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "/pe/big.yaml") || !strings.Contains(err.Error(), "ns/big") {
+		t.Fatalf("got %v, want an error with the file, the object and %q", err, want)
+	}
+	t.Log(err)
 }

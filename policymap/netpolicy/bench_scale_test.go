@@ -1,0 +1,177 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+)
+
+// bigObject is one PolicyEndpoint with many egress rules and pods, shaped
+// like the controller's output for a large policy: a /24 per rule, every
+// fourth with an except, one or two ports each, under a 10.0.0.0/8 rule and
+// a 0.0.0.0/0 rule that excepts it; two ingress rules. Pod i is
+// 100.64.0.0 + i, on node 100.127.0.1.
+func bigObject(name string, rules, pods int) *PolicyEndpoint {
+	pe := &PolicyEndpoint{
+		Namespace: "bench", Name: name, PolicyRef: "bench/" + name,
+		IsolatesIngress: true, IsolatesEgress: true,
+	}
+	host := netip.MustParseAddr("100.127.0.1")
+	for i := range pods {
+		pe.Pods = append(pe.Pods, PodEndpoint{Name: fmt.Sprintf("pod-%d", i), Namespace: "bench",
+			PodIP: netip.AddrFrom4([4]byte{100, 64 + byte(i>>16), byte(i >> 8), byte(i)}), HostIP: host})
+	}
+	pe.Egress = append(pe.Egress,
+		Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+			Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 443}}},
+		Rule{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []Port{{Protocol: bpf.ProtocolUDP, Port: 53}}})
+	for i := range rules - 2 {
+		base := [4]byte{10 + byte(i>>16), byte(i >> 8), byte(i), 0} // 10.x.y.0/24, then 11.x.y.0/24
+		r := Rule{CIDR: netip.PrefixFrom(netip.AddrFrom4(base), 24),
+			Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: uint16(1000 + i%50)}}}
+		if i%4 == 0 {
+			ex := base
+			ex[3] = 128
+			r.Except = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4(ex), 25)}
+		}
+		if i%10 == 0 {
+			r.Ports = append(r.Ports, Port{Protocol: bpf.ProtocolTCP, Port: 8000, EndPort: 8100})
+		}
+		pe.Egress = append(pe.Egress, r)
+	}
+	pe.Ingress = []Rule{
+		{CIDR: netip.MustParsePrefix("172.16.0.0/12"), Except: []netip.Prefix{netip.MustParsePrefix("172.16.1.0/24")},
+			Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 8080}}},
+		{CIDR: netip.MustParsePrefix("100.64.0.0/10")},
+	}
+	return pe
+}
+
+// BenchmarkPolicyCompileScaling compiles one pod of a PolicyEndpoint with
+// 5,000 and with 50,000 egress rules, alternately in the same run:
+// ms-5k and ms-50k are the times of one compile (template and stamp), and
+// ratio their quotient: 10 for linear scaling.
+func BenchmarkPolicyCompileScaling(b *testing.B) {
+	small, large := bigObject("small", 5000, 1), bigObject("large", 50000, 1)
+	pod := small.Pods[0].PodIP
+	var ts, tl time.Duration
+	var n5, n50 int
+	for b.Loop() {
+		runtime.GC()
+		start := time.Now()
+		n5 = len(CompilePod(pod, []*PolicyEndpoint{small}))
+		ts += time.Since(start)
+		runtime.GC()
+		start = time.Now()
+		n50 = len(CompilePod(pod, []*PolicyEndpoint{large}))
+		tl += time.Since(start)
+	}
+	b.ReportMetric(float64(ts.Microseconds())/1e3/float64(b.N), "ms-5k")
+	b.ReportMetric(float64(tl.Microseconds())/1e3/float64(b.N), "ms-50k")
+	b.ReportMetric(float64(tl)/float64(ts), "ratio")
+	b.ReportMetric(float64(n5), "entries-5k")
+	b.ReportMetric(float64(n50), "entries-50k")
+}
+
+// manyPodsObject is the shape of the 3.8 MB file: 50,000 pods
+// (about 76 bytes of YAML each) and a rule per direction.
+func manyPodsObject(pods int) *PolicyEndpoint {
+	pe := bigObject("many-pods", 2, pods)
+	pe.Egress = pe.Egress[1:] // 10.0.0.0/8 udp/53
+	pe.Ingress = pe.Ingress[1:]
+	return pe
+}
+
+// BenchmarkPolicyManyPodsMemory writes one PolicyEndpoint with 50,000 pods
+// and a rule per direction (manyPodsObject) into a running deriver (no maps) and
+// measures the memory its table rows hold: heap-MB is the heap in use
+// after a collection, less that before; rss-MB the growth of the
+// process's resident set (the first run's: the Go runtime keeps freed
+// pages); B/entry the heap per policy-map-entries row.
+func BenchmarkPolicyManyPodsMemory(b *testing.B) {
+	const pods = 50000
+	pe := manyPodsObject(pods)
+	perPod := len(CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe}))
+	var heap, rss float64
+	for b.Loop() {
+		b.StopTimer()
+		before, rssBefore := heapInUse(), residentSet(b)
+		b.StartTimer()
+		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true})
+		f.write(false, pe)
+		waitNumEntries(b, f, pods*perPod)
+		b.StopTimer()
+		heap += float64(heapInUse() - before)
+		if rss == 0 {
+			rss = float64(residentSet(b) - rssBefore)
+		}
+		f.stop()
+		b.StartTimer()
+	}
+	b.ReportMetric(heap/float64(b.N)/(1<<20), "heap-MB")
+	b.ReportMetric(rss/(1<<20), "rss-MB")
+	b.ReportMetric(heap/float64(b.N)/float64(pods*perPod), "B/entry")
+	b.ReportMetric(float64(perPod), "entries/pod")
+}
+
+// residentSet is the process's resident set size (VmRSS), in bytes.
+func residentSet(tb testing.TB) uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	tb.Fatal("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// BenchmarkPolicySmallDuringLargeCompile: with the maps and the
+// reconciler running, a 50,000-rule PolicyEndpoint is written, then a
+// one-rule one. small-ms is the time from the small one's write until its
+// entries are Done (in the kernel); large-ms the time from the large one's
+// write until all its entries are. The small one must not wait for the
+// large one.
+func BenchmarkPolicySmallDuringLargeCompile(b *testing.B) {
+	celltest.RequireRoot(b)
+	h := startPolicyHarness(b, harnessOptions{})
+	large, small := bigObject("large", 50000, 1), smallObject()
+	smallWant := CompilePod(small.Pods[0].PodIP, []*PolicyEndpoint{small})
+	n := len(CompilePod(large.Pods[0].PodIP, []*PolicyEndpoint{large})) + len(smallWant)
+	var ts, tl time.Duration
+	for b.Loop() {
+		runtime.GC()
+		start := time.Now()
+		h.setEndpoints([]*PolicyEndpoint{large})
+		smallStart := time.Now()
+		wtxn := h.db.WriteTxn(h.endpoints)
+		h.endpoints.Insert(wtxn, small)
+		wtxn.Commit()
+		h.waitPod(small.Pods[0].PodIP, smallWant)
+		ts += time.Since(smallStart)
+		h.waitAllDone(n)
+		tl += time.Since(start)
+		b.StopTimer()
+		h.setEndpoints(nil)
+		h.waitAllDone(0)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(ts.Microseconds())/1e3/float64(b.N), "small-ms")
+	b.ReportMetric(float64(tl.Microseconds())/1e3/float64(b.N), "large-ms")
+}
