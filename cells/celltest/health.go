@@ -10,11 +10,30 @@ import (
 // Health is a cell.Health that keeps the last report, for tests that run a
 // source outside a hive.
 type Health struct {
-	mu   sync.Mutex
-	last string
+	mu      sync.Mutex
+	last    string
+	changed chan struct{} // closed at the next report; nil until watched
 }
 
-func (h *Health) set(s string) { h.mu.Lock(); h.last = s; h.mu.Unlock() }
+func (h *Health) set(s string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last = s
+	if h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
+}
+
+// Watch returns the last report and a channel closed at the next one.
+func (h *Health) Watch() (string, <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.changed == nil {
+		h.changed = make(chan struct{})
+	}
+	return h.last, h.changed
+}
 
 // Get returns the last report: "OK: status", "Degraded: reason: error" or
 // "Stopped: reason".

@@ -109,6 +109,7 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true})
 		f.write(false, pe)
 		waitNumEntries(b, f, pods*perPod)
+		f.waitSettled(b)
 		b.StopTimer()
 		heap += float64(heapInUse() - before)
 		if rss == 0 {
@@ -174,4 +175,21 @@ func BenchmarkPolicySmallDuringLargeCompile(b *testing.B) {
 	}
 	b.ReportMetric(float64(ts.Microseconds())/1e3/float64(b.N), "small-ms")
 	b.ReportMetric(float64(tl.Microseconds())/1e3/float64(b.N), "large-ms")
+}
+
+// waitSettled waits until the deriver reports its work written.
+func (f *deriverFixture) waitSettled(tb testing.TB) {
+	tb.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		last, changed := f.health.Watch()
+		if strings.Contains(last, "entries written") {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			tb.Fatalf("the deriver did not settle: %q", last)
+		}
+	}
 }

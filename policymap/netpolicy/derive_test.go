@@ -9,20 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
-
-// nopHealth is a cell.Health that reports nowhere.
-type nopHealth struct{}
-
-func (nopHealth) OK(string)                     {}
-func (nopHealth) Stopped(string)                {}
-func (nopHealth) Degraded(string, error)        {}
-func (h nopHealth) NewScope(string) cell.Health { return h }
-func (nopHealth) Close()                        {}
 
 // deriverFixture runs a policyDeriver on fresh tables, without maps.
 type deriverFixture struct {
@@ -30,7 +21,8 @@ type deriverFixture struct {
 	endpoints statedb.RWTable[*PolicyEndpoint]
 	entries   statedb.RWTable[*PolicyMapEntry]
 	initPEs   func(statedb.WriteTxn)
-	stop      func() // stops the deriver; also at the end of the test
+	health    *celltest.Health // the deriver's reports
+	stop      func()           // stops the deriver; also at the end of the test
 }
 
 func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
@@ -51,7 +43,8 @@ func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
 	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.run(ctx, nopHealth{}) }()
+	health := &celltest.Health{}
+	go func() { done <- d.run(ctx, health) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -62,7 +55,7 @@ func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
 		})
 	}
 	t.Cleanup(stop)
-	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs, stop: stop}
+	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs, health: health, stop: stop}
 }
 
 // write inserts (or, with del, deletes) objects in one transaction,
