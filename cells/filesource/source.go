@@ -33,7 +33,10 @@ type Source[Obj any, K comparable] struct {
 	Period func() time.Duration
 	// Read reads and parses the input. It returns nil and the error when
 	// nothing can apply, the input and an error when only a part of it is
-	// bad (that part's last good rows are in the input).
+	// bad (that part's last good rows are in the input). It may return the
+	// very Input it returned last time to say that the input did not
+	// change: the table is then not diffed again, unless something else
+	// wrote it since.
 	Read func() (*Input[Obj], error)
 	// Failure says how an error of Read (or one given to Update) is
 	// reported.
@@ -51,6 +54,8 @@ type Source[Obj any, K comparable] struct {
 	announce     bool   // log ValidAgain when the input is good again
 	lastWarnings string
 	lastSummary  string
+	lastIn       *Input[Obj]      // the input last applied,
+	lastRev      statedb.Revision // and the table's revision after it
 }
 
 // Run reads the input at start, after every change in Dir (or in its
@@ -97,6 +102,9 @@ func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
 			s.Warning.log(s.Log, slog.LevelWarn, "warning", warning)
 		}
 	}
+	if in == s.lastIn && (s.InitDone == nil || in.Incomplete) && s.Table.Revision(s.DB.ReadTxn()) == s.lastRev {
+		return // the same input, and the table as it left it
+	}
 	wtxn := s.DB.WriteTxn(s.Table)
 	changed := s.Rows.Sync(wtxn, s.Table, in.Rows)
 	if s.InitDone != nil && !in.Incomplete {
@@ -104,6 +112,7 @@ func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
 		s.InitDone = nil
 	}
 	wtxn.Commit()
+	s.lastIn, s.lastRev = in, s.Table.Revision(s.DB.ReadTxn())
 	if changed > 0 || in.Summary != s.lastSummary {
 		s.Applied.log(s.Log, slog.LevelInfo, "summary", in.Summary, "rows-changed", changed)
 		s.lastSummary = in.Summary
