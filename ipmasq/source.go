@@ -63,6 +63,8 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 			ValidAgain: filesource.Line{Msg: "ip-masq-agent config is valid again", Attrs: []any{"path", path}},
 		},
 		Log: p.Log, DB: p.DB, Table: p.Table, Rows: cidrRows(), InitDone: initDone, Metrics: p.Metrics,
+		// Desired.CIDRs are sorted and distinct.
+		Order: func(a, b *CIDR) int { return comparePrefix(a.Prefix, b.Prefix) },
 	}
 	return s
 }
