@@ -213,7 +213,6 @@ func bulkRefresh(b *testing.B, m *ebpf.Map, desired [][]byte) {
 	}
 }
 
-
 // BenchmarkEditFileToMap16383: one CIDR added to a file of 16383 CIDRs,
 // from the file's rename until the new entry is in cilium_ipmasq_v4.
 // x-faster-than-bulk-refresh is the peer's time for the same change over
