@@ -63,6 +63,7 @@ func fileOf(prefixes []netip.Prefix) string {
 // agent is the ip-masq-agent cells and the ipmasq map cells in a hive.
 type agent struct {
 	path    string
+	bpfRoot string
 	db      *statedb.DB
 	entries statedb.Table[*masqmap.Entry]
 }
@@ -70,7 +71,7 @@ type agent struct {
 func startAgent(b *testing.B, content string) *agent {
 	b.Helper()
 	bpfRoot := celltest.MountBPFFS(b)
-	a := &agent{path: filepath.Join(b.TempDir(), "config", "ip-masq-agent")}
+	a := &agent{path: filepath.Join(b.TempDir(), "config", "ip-masq-agent"), bpfRoot: bpfRoot}
 	writeAtomic(b, a.path, content)
 	h := infra.New(infra.Core, infra.NodeConfigCell, ipmasq.Cell, policymap.Module(masqmap.Cell),
 		cell.Invoke(func(db *statedb.DB, t statedb.Table[*masqmap.Entry]) { a.db, a.entries = db, t }))
@@ -115,6 +116,31 @@ func (a *agent) waitDone(b *testing.B, prefixes []netip.Prefix, gone bool) {
 		case <-deadline:
 			b.Fatalf("%s: not reconciled (gone %t)", prefixes[i], gone)
 		}
+	}
+}
+
+// waitMapLen polls the pinned map until it holds n keys.
+func (a *agent) waitMapLen(b *testing.B, n int) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.bpfRoot), bpf.IPMasqV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var k [bpf.KeySizeV4]byte
+		var v [1]byte
+		got := 0
+		for it := m.Iterate(); it.Next(&k, &v); {
+			got++
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("map holds %d keys, want %d", got, n)
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -281,6 +307,7 @@ func BenchmarkFullLoadFileToMap16383(b *testing.B) {
 
 		writeAtomic(b, a.path, empty)
 		a.waitDone(b, prefixes, true)
+		a.waitMapLen(b, 1) // the deletes done before the next load
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(ours.Microseconds())/n/1000, "load-ms")
