@@ -1,6 +1,7 @@
 package ipmasq
 
 import (
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -102,6 +103,24 @@ func BenchmarkParse16383(b *testing.B) {
 			if _, err := Parse("f", data); err != nil {
 				b.Fatal(err)
 			}
+		}
+	})
+}
+
+// FuzzParsePrefix: whatever the IPv4 fast path accepts, netip.ParsePrefix
+// reads the same.
+func FuzzParsePrefix(f *testing.F) {
+	for _, s := range []string{"10.0.0.0/8", "0.0.0.0/0", "255.255.255.255/32", "01.0.0.0/8", "1.2.3.4/08", "1.2.3.4/33", "256.0.0.0/8", " 1.2.3.4/8", "1.2.3/8"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fast, ok := parsePrefix4(s)
+		if !ok {
+			return
+		}
+		full, err := netip.ParsePrefix(s)
+		if err != nil || full != fast {
+			t.Fatalf("%q: fast %v, netip %v, %v", s, fast, full, err)
 		}
 	})
 }

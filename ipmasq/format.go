@@ -170,7 +170,7 @@ func validate(f File) (Desired, error) {
 	items := make([]item, len(f.NonMasqueradeCIDRs))
 	odd := false // host bits or duplicates: warnings to write
 	for i, s := range f.NonMasqueradeCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		p, err := parsePrefix(s)
 		if err != nil {
 			return Desired{}, fmt.Errorf("field %s: value %q is not a CIDR: %w", field(i), s, err)
 		}
