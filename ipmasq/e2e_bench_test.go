@@ -256,13 +256,14 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 	editedKeys := keysOf(b, append(append([]netip.Prefix{}, all...), extraCIDR))
 	bulkRefresh(b, peer, baseKeys)
 
+	baseFile, editedFile := fileOf(base), fileOf(edited)
 	var ours, peerTime time.Duration
 	b.ResetTimer()
 	b.StopTimer()
 	for range b.N {
 		runtime.GC()
 		start := time.Now()
-		writeAtomic(b, a.path, fileOf(edited))
+		writeAtomic(b, a.path, editedFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, false)
 		ours += time.Since(start)
 
@@ -272,7 +273,7 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 		peerTime += time.Since(start)
 
 		// Back to the base, untimed, on both.
-		writeAtomic(b, a.path, fileOf(base))
+		writeAtomic(b, a.path, baseFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, true)
 		bulkRefresh(b, peer, baseKeys)
 	}
