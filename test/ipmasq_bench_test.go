@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
-		"strings"
+	"strings"
 	"testing"
 	"time"
 
