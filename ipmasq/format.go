@@ -89,6 +89,14 @@ func Parse(path string, data []byte) (Desired, error) {
 // encoding/json decoding does (a file they accept stays valid), with a
 // warning naming the field's spelling; a field given twice is an error.
 func decode(data []byte) (File, []string, error) {
+	if f, ok := decodeFast(data); ok {
+		return f, nil, nil
+	}
+	return decodeFull(data)
+}
+
+// decodeFull is decode by the YAML decoder, for any input.
+func decodeFull(data []byte) (File, []string, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return File{}, nil, fmt.Errorf("not valid YAML or JSON: %w", err)
@@ -150,27 +158,57 @@ func decode(data []byte) (File, []string, error) {
 // validate checks every CIDR of a decoded file.
 func validate(f File) (Desired, error) {
 	var warnings []string
-	seen := map[netip.Prefix]int{}
-	cidrs := make([]netip.Prefix, 0, len(f.NonMasqueradeCIDRs))
+	field := func(i int) string { return fmt.Sprintf("nonMasqueradeCIDRs[%d]", i) }
+	// Parse every item (the first bad one is the error), then find the
+	// duplicates by sorting: no map for the usual list of distinct CIDRs,
+	// and the CIDRs come out sorted.
+	type item struct {
+		p        netip.Prefix
+		i        int
+		hostBits bool
+	}
+	items := make([]item, len(f.NonMasqueradeCIDRs))
+	odd := false // host bits or duplicates: warnings to write
 	for i, s := range f.NonMasqueradeCIDRs {
-		field := fmt.Sprintf("nonMasqueradeCIDRs[%d]", i)
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		p, err := parsePrefix(s)
 		if err != nil {
-			return Desired{}, fmt.Errorf("field %s: value %q is not a CIDR: %w", field, s, err)
+			return Desired{}, fmt.Errorf("field %s: value %q is not a CIDR: %w", field(i), s, err)
 		}
 		if p.Addr().Is4In6() {
-			return Desired{}, fmt.Errorf("field %s: value %q is an IPv4-mapped IPv6 prefix: write it as IPv4", field, s)
+			return Desired{}, fmt.Errorf("field %s: value %q is an IPv4-mapped IPv6 prefix: write it as IPv4", field(i), s)
 		}
-		if masked := p.Masked(); masked != p {
-			warnings = append(warnings, fmt.Sprintf("%s: %q has host bits set: using %s", field, s, masked))
-			p = masked
-		}
-		if j, dup := seen[p]; dup {
-			warnings = append(warnings, fmt.Sprintf("%s: %s is listed twice (also nonMasqueradeCIDRs[%d])", field, p, j))
+		items[i] = item{p: p.Masked(), i: i, hostBits: p.Masked() != p}
+		odd = odd || items[i].hostBits
+	}
+	sorted := items
+	if !slices.IsSortedFunc(items, func(a, b item) int { return comparePrefix(a.p, b.p) }) {
+		sorted = slices.Clone(items)
+		slices.SortStableFunc(sorted, func(a, b item) int { return comparePrefix(a.p, b.p) })
+	}
+	cidrs := make([]netip.Prefix, 0, len(sorted))
+	var dupOf map[int]int // item -> the first item with its prefix
+	first := 0
+	for k, it := range sorted {
+		if k > 0 && sorted[k-1].p == it.p {
+			if dupOf == nil {
+				dupOf = map[int]int{}
+			}
+			dupOf[it.i] = first
+			odd = true
 			continue
 		}
-		seen[p] = i
-		cidrs = append(cidrs, p)
+		first = it.i
+		cidrs = append(cidrs, it.p)
+	}
+	if odd {
+		for i, it := range items {
+			if it.hostBits {
+				warnings = append(warnings, fmt.Sprintf("%s: %q has host bits set: using %s", field(i), f.NonMasqueradeCIDRs[i], it.p))
+			}
+			if j, dup := dupOf[i]; dup {
+				warnings = append(warnings, fmt.Sprintf("%s: %s is listed twice (also nonMasqueradeCIDRs[%d])", field(i), it.p, j))
+			}
+		}
 	}
 	if f.CIDRLimit != nil {
 		switch limit := *f.CIDRLimit; {
@@ -232,20 +270,21 @@ func fromFile(f File, useDefaults bool) Desired {
 
 // fromCIDRs builds the rows: the configured CIDRs, then link-local unless the
 // file asks to masquerade it (a link-local CIDR also listed keeps "config").
+// cidrs are distinct and sorted (comparePrefix); so are the rows.
 func fromCIDRs(cidrs []netip.Prefix, f File) Desired {
-	rows := make([]CIDR, 0, len(cidrs)+2)
-	listed := make(map[netip.Prefix]bool, len(cidrs))
-	for _, p := range cidrs {
-		rows = append(rows, CIDR{Prefix: p, Source: SourceConfig})
-		listed[p] = true
+	rows := make([]CIDR, len(cidrs), len(cidrs)+2)
+	for i, p := range cidrs {
+		rows[i] = CIDR{Prefix: p, Source: SourceConfig}
 	}
-	if !f.MasqLinkLocal && !listed[LinkLocalV4] {
-		rows = append(rows, CIDR{Prefix: LinkLocalV4, Source: SourceLinkLocal})
+	for _, ll := range []struct {
+		p    netip.Prefix
+		masq bool
+	}{{LinkLocalV4, f.MasqLinkLocal}, {LinkLocalV6, f.MasqLinkLocalIPv6}} {
+		at, listed := slices.BinarySearchFunc(rows, ll.p, func(c CIDR, p netip.Prefix) int { return comparePrefix(c.Prefix, p) })
+		if !ll.masq && !listed {
+			rows = slices.Insert(rows, at, CIDR{Prefix: ll.p, Source: SourceLinkLocal})
+		}
 	}
-	if !f.MasqLinkLocalIPv6 && !listed[LinkLocalV6] {
-		rows = append(rows, CIDR{Prefix: LinkLocalV6, Source: SourceLinkLocal})
-	}
-	sortCIDRs(rows)
 	return Desired{CIDRs: rows}
 }
 

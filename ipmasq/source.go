@@ -1,6 +1,7 @@
 package ipmasq
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"io/fs"
@@ -37,6 +38,14 @@ type source struct {
 	// fileResync is the resyncInterval of the file in force (0: not set);
 	// period is the re-read period in force: fileResync, else resync.
 	fileResync, period time.Duration
+
+	// The last file read and what it gave: the same bytes again (a
+	// re-read, the events of a burst after the one read) are not parsed
+	// again, and the same Input is returned (filesource does not diff it).
+	lastData []byte
+	lastIn   *filesource.Input[*CIDR]
+	lastErr  error
+	lastFile time.Duration // fileResync of the last file
 }
 
 func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
@@ -54,17 +63,37 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 			ValidAgain: filesource.Line{Msg: "ip-masq-agent config is valid again", Attrs: []any{"path", path}},
 		},
 		Log: p.Log, DB: p.DB, Table: p.Table, Rows: cidrRows(), InitDone: initDone, Metrics: p.Metrics,
+		// Desired.CIDRs are sorted and distinct.
+		Order: func(a, b *CIDR) int { return comparePrefix(a.Prefix, b.Prefix) },
 	}
 	return s
 }
 
 func (s *source) read(path string) (*filesource.Input[*CIDR], error) {
-	d, err := ReadFile(path)
+	data, err := filewatch.ReadRegular(path, MaxFileSize)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		s.lastData, s.lastIn, s.lastErr = nil, nil, nil
+		d := FromMissingFile(path)
+		s.fileResync = 0
+		return &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}, nil
+	case err != nil:
+		s.lastData, s.lastIn, s.lastErr = nil, nil, nil
+		return nil, err
+	case s.lastData != nil && bytes.Equal(data, s.lastData):
+		if s.lastErr == nil {
+			s.fileResync = s.lastFile
+		}
+		return s.lastIn, s.lastErr
+	}
+	d, err := Parse(path, data)
+	s.lastData, s.lastIn, s.lastErr = data, nil, err
 	if err != nil {
 		return nil, err
 	}
-	s.fileResync = d.ResyncInterval
-	return &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}, nil
+	s.fileResync, s.lastFile = d.ResyncInterval, d.ResyncInterval
+	s.lastIn = &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}
+	return s.lastIn, nil
 }
 
 // rereadPeriod is the period in force after a read: the file's

@@ -1,14 +1,23 @@
 // Package filewatch watches a directory the way Kubernetes updates mounted
 // ConfigMaps and the way editors save files, so that file sources (the
 // ip-masq-agent config, PolicyEndpoints, the CiliumNode) re-read their input
-// when it changes: fsnotify on the directory with a short debounce, the
-// nearest existing ancestor while the directory is missing, and a periodic
-// re-read as the safety net.
+// when it changes: inotify on the directory, the nearest existing ancestor
+// while the directory is missing, and a periodic re-read as the safety net.
+//
+// A change that completes a file is acted on at once: a file closed after
+// writing (IN_CLOSE_WRITE), a name renamed into the directory (IN_MOVED_TO:
+// an editor's or a careful writer's rename, a ConfigMap's ..data swap), a
+// symlink created. The events already queued with it are coalesced into the
+// same read, and so are the events that arrive while a read runs (one more
+// read follows it). A change that may leave a file half done or briefly
+// missing (a write still open, a new regular file, a delete, a rename away,
+// a chmod) waits for the burst to settle (debounce): an editor's
+// rename-away, write, close is read once the new file is closed, without
+// the missing file in between.
 package filewatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -16,20 +25,24 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unsafe"
 
-	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sys/unix"
 )
 
-// debounce groups the burst of events of one update (a ConfigMap's symlink
-// swap, an editor's write-and-rename) into one read.
+// debounce is how long a burst of changes that may leave a file half done
+// (see the package doc) must be quiet before the directory is read.
 const debounce = 50 * time.Millisecond
 
-// WatchDir calls reload once at start, then after every burst of changes in
-// dir (debounced) and every resync period, until ctx is done. While dir is
-// missing, its nearest existing ancestor is watched so that dir is picked up
-// when it appears; the periodic call is the safety net for missed events.
-// ConfigMap updates (a `..data` symlink swap in dir) are changes in dir.
+// watchMask is what is watched on the directory.
+const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_CLOSE_WRITE |
+	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+
+// WatchDir calls reload once at start, then after every change in dir and
+// every resync period, until ctx is done. While dir is missing, its nearest
+// existing ancestor is watched so that dir is picked up when it appears;
+// the periodic call is the safety net for missed events. ConfigMap updates
+// (a `..data` symlink swap in dir) are changes in dir.
 //
 // It drives filesource.Source, the file source of the ip-masq-agent config,
 // the PolicyEndpoint directory and the CiliumNode file.
@@ -37,31 +50,48 @@ func WatchDir(ctx context.Context, log *slog.Logger, dir string, resync time.Dur
 	return WatchDirPeriod(ctx, log, dir, func() time.Duration { return resync }, reload)
 }
 
+// event is one inotify event.
+type event struct {
+	wd   int32
+	mask uint32
+	name string
+}
+
 // WatchDirPeriod is WatchDir with a resync period that the input may set:
 // period is asked again after every reload (e.g. the ip-masq-agent file's
 // resyncInterval).
 func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period func() time.Duration, reload func()) error {
-	watcher, err := fsnotify.NewWatcher()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("fsnotify: %w", err)
+		return fmt.Errorf("inotify: %w", err)
 	}
-	defer watcher.Close()
+	// Non-blocking: the runtime poller reads it, and Close ends a Read.
+	ino := os.NewFile(uintptr(fd), "inotify")
+	events := make(chan []event, 64)
+	readErr := make(chan error, 1)
+	done := make(chan struct{})
+	go readEvents(ino, events, readErr, done)
+	defer func() {
+		close(done)
+		ino.Close()
+	}()
 
-	watched := ""
+	watched, wd := "", int32(-1)
 	rewatch := func() {
 		target := nearestExistingDir(dir)
 		if target == watched {
 			return
 		}
-		if watched != "" {
-			watcher.Remove(watched) // fails when it was deleted: fine
+		if wd >= 0 {
+			unix.InotifyRmWatch(fd, uint32(wd)) // fails when it was deleted: fine
 		}
-		watched = ""
-		if err := watcher.Add(target); err != nil {
+		watched, wd = "", -1
+		w, err := unix.InotifyAddWatch(fd, target, watchMask)
+		if err != nil {
 			log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
 			return
 		}
-		watched = target
+		watched, wd = target, int32(w)
 		if target != dir {
 			log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
 		}
@@ -74,8 +104,12 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 	resync := period()
 	ticker := time.NewTicker(resync)
 	defer ticker.Stop()
-	// reloadAndReset reloads and follows a changed period.
+	settle := time.NewTimer(debounce)
+	settle.Stop()
+	// reloadAndReset reloads and follows a changed period. The read covers
+	// every event received so far: a pending settle is dropped.
 	reloadAndReset := func() {
+		settle.Stop()
 		rewatch()
 		reload()
 		if p := period(); p > 0 && p != resync {
@@ -83,32 +117,112 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 			ticker.Reset(resync)
 		}
 	}
-	settle := time.NewTimer(debounce)
-	settle.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-watcher.Events:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
+		case batch := <-events:
+			now, later := false, false
+			for more := true; more; {
+				for _, ev := range batch {
+					n, l := classify(ev, wd, watched, dir)
+					now, later = now || n, later || l
+					if ev.wd == wd && ev.mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0 {
+						watched, wd = "", -1 // the watch went with the directory
+					}
+					if ev.mask&unix.IN_Q_OVERFLOW != 0 {
+						log.Warn("inotify queue overflow; re-reading", "dir", dir)
+					}
+				}
+				// Coalesce what is already queued into the same read.
+				select {
+				case batch = <-events:
+				default:
+					more = false
+				}
 			}
-			if ev.Name == watched && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				watched = "" // the watch went with the directory
+			switch {
+			case now:
+				reloadAndReset()
+			case later:
+				settle.Reset(debounce)
 			}
-			settle.Reset(debounce)
-		case err, ok := <-watcher.Errors:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			log.Warn("fsnotify error; re-reading", "dir", dir, "error", err)
-			settle.Reset(debounce)
+		case err := <-readErr:
+			return fmt.Errorf("inotify: %w", err)
 		case <-settle.C:
 			reloadAndReset()
 		case <-ticker.C:
 			reloadAndReset()
 		}
 	}
+}
+
+// classify says whether ev calls for a read at once (it completes a file)
+// or after the burst settles (it may leave a file half done or missing).
+// wd and watched are the watch in force.
+func classify(ev event, wd int32, watched, dir string) (now, later bool) {
+	switch {
+	case ev.mask&unix.IN_Q_OVERFLOW != 0:
+		return false, true
+	case ev.wd != wd:
+		return false, false // a watch given up: its queued events are stale
+	case ev.mask&unix.IN_IGNORED != 0:
+		return false, true
+	case watched != dir:
+		// The ancestor of a missing dir: anything may be dir appearing.
+		return true, false
+	case ev.mask&(unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO) != 0:
+		return true, false
+	case ev.mask&unix.IN_CREATE != 0 && ev.mask&unix.IN_ISDIR == 0:
+		// A symlink is complete when created; a regular file is complete
+		// when closed (IN_CLOSE_WRITE).
+		if fi, err := os.Lstat(filepath.Join(dir, ev.name)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return true, false
+		}
+		return false, true
+	}
+	return false, true
+}
+
+// readEvents reads inotify events until ino is closed, sending each read's
+// events.
+func readEvents(ino *os.File, events chan<- []event, readErr chan<- error, done <-chan struct{}) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := ino.Read(buf)
+		if err != nil {
+			select {
+			case <-done:
+			default:
+				readErr <- err
+			}
+			return
+		}
+		var batch []event
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
+			if i := indexZero(name); i >= 0 {
+				name = name[:i]
+			}
+			batch = append(batch, event{wd: raw.Wd, mask: raw.Mask, name: string(name)})
+			off += unix.SizeofInotifyEvent + int(raw.Len)
+		}
+		select {
+		case events <- batch:
+		case <-done:
+			return
+		}
+	}
+}
+
+func indexZero(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 // nearestExistingDir is dir, or its closest ancestor that exists.

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // watch runs WatchDir on dir and returns a channel that receives a value per
@@ -90,4 +92,103 @@ func TestWatchDirRewatchesARecreatedDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectReload(t, reloads, "a file was written in the new directory")
+}
+
+// A file closed after writing, a rename into the directory and a symlink
+// are read at once; a write still open, a new regular file, a delete and a
+// rename away wait for the burst to settle.
+func TestClassify(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("x", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "file"), nil, 0o644)
+	for _, tc := range []struct {
+		name      string
+		mask      uint32
+		file      string
+		now, wait bool
+	}{
+		{"close-write", unix.IN_CLOSE_WRITE, "file", true, false},
+		{"rename in", unix.IN_MOVED_TO, "file", true, false},
+		{"symlink created", unix.IN_CREATE, "link", true, false},
+		{"regular file created", unix.IN_CREATE, "file", false, true},
+		{"write still open", unix.IN_MODIFY, "file", false, true},
+		{"delete", unix.IN_DELETE, "file", false, true},
+		{"rename away", unix.IN_MOVED_FROM, "file", false, true},
+		{"directory created", unix.IN_CREATE | unix.IN_ISDIR, "d", false, true},
+	} {
+		now, wait := classify(event{wd: 1, mask: tc.mask, name: tc.file}, 1, dir, dir)
+		if now != tc.now || wait != tc.wait {
+			t.Errorf("%s: now %t, wait %t; want %t, %t", tc.name, now, wait, tc.now, tc.wait)
+		}
+	}
+	if now, _ := classify(event{wd: 1, mask: unix.IN_CREATE | unix.IN_ISDIR}, 1, filepath.Dir(dir), dir); !now {
+		t.Errorf("an event in the ancestor of a missing dir is not read at once")
+	}
+	if now, wait := classify(event{wd: 2, mask: unix.IN_CLOSE_WRITE}, 1, dir, dir); now || wait {
+		t.Errorf("an event of a watch given up is acted on")
+	}
+}
+
+// An editor's save (rename the file away, write a new one, close it): the
+// read that follows sees the new content; a write left open is read once
+// it settles.
+func TestWatchDirEditorSaveAndOpenWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	os.WriteFile(path, []byte("old"), 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	reads := make(chan string, 100)
+	done := make(chan error)
+	go func() {
+		done <- WatchDir(ctx, slog.New(slog.DiscardHandler), dir, time.Hour, func() {
+			data, _ := os.ReadFile(path)
+			reads <- string(data)
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchDir: %s", err)
+		}
+	})
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case s := <-reads:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no read after %s", what)
+			return ""
+		}
+	}
+	if got := next("start"); got != "old" {
+		t.Fatalf("start: read %q", got)
+	}
+	if err := os.Rename(path, path+"~"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The first read after the save: new content (unless the machine
+	// stalled for the whole debounce between the rename and the close, when
+	// the missing file is read first: then the next read is the new one).
+	for got := next("the save"); got != "new"; got = next("the save") {
+		if got != "" {
+			t.Fatalf("after the save: read %q", got)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("er"); err != nil {
+		t.Fatal(err)
+	}
+	if got := next("a write left open"); got != "newer" {
+		t.Fatalf("write left open: read %q", got)
+	}
 }
