@@ -301,6 +301,23 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	// ingress rule is there): its egress rules stay. A second edit orders
 	// the check: the reconciler handles C's deletes before the new rows.
 	updateUsed(t, ctx, fcs, podA, podB)
+	// The file watch acts at once: wait until C's rows left eni-rules, so
+	// that the edit is not applied to C before its allocation goes.
+	for {
+		rows, watch := rules.AllWatch(db.ReadTxn())
+		hasC := false
+		for r := range rows {
+			hasC = hasC || r.Pod == podC
+		}
+		if !hasC {
+			break
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatal("pod C's rows stay in eni-rules after it left status.ipam.used")
+		}
+	}
 	writeFile(t, configPath, "nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10, 198.18.0.0/15]\n")
 	wantCIDRs("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "198.18.0.0/15")
 	got = egressRules([]netip.Addr{podA, podB}, "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.31.0.0/16", "198.18.0.0/15")
