@@ -59,8 +59,10 @@ test-unprivileged: build
 test-cilium:
 	cd $(CILIUM_AGENT_DIR) && $(GO) vet ./... && GO=$(GO) $(GO) test -count=1 -timeout 30m ./...
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
+# The process benchmarks (test/) run the binaries of bin/, built without
+# -race (the tests' own build has it).
+bench: build
+	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
 
 demo: build
 	SAMPLES=$(SAMPLES) ./test/demo.sh
