@@ -18,6 +18,7 @@ package filewatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -78,22 +79,26 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 
 	watched, wd := "", int32(-1)
 	rewatch := func() {
-		target := nearestExistingDir(dir)
-		if target == watched {
-			return
-		}
-		if wd >= 0 {
-			unix.InotifyRmWatch(fd, uint32(wd)) // fails when it was deleted: fine
-		}
-		watched, wd = "", -1
-		w, err := unix.InotifyAddWatch(fd, target, watchMask)
-		if err != nil {
-			log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
-			return
-		}
-		watched, wd = target, int32(w)
-		if target != dir {
-			log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
+		// Until the nearest existing directory is the one watched: a
+		// directory created between looking for it and watching its parent
+		// sends the parent no event, so look again once the watch is on.
+		for target := nearestExistingDir(dir); target != watched; target = nearestExistingDir(dir) {
+			if wd >= 0 {
+				unix.InotifyRmWatch(fd, uint32(wd)) // fails when it was deleted: fine
+			}
+			watched, wd = "", -1
+			w, err := unix.InotifyAddWatch(fd, target, watchMask)
+			if errors.Is(err, unix.ENOENT) {
+				continue // removed meanwhile: look again
+			}
+			if err != nil {
+				log.Warn("Cannot watch directory; relying on the periodic re-read", "path", target, "error", err)
+				return
+			}
+			watched, wd = target, int32(w)
+			if target != dir {
+				log.Info("Directory missing: watching for it to appear", "dir", dir, "watching", target)
+			}
 		}
 	}
 
