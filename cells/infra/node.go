@@ -134,8 +134,10 @@ var ErrAlreadyRunning = errors.New("already running")
 
 // NetNSLockDir holds a lock per network namespace (netns-DEV-INODE.lock):
 // one agent per namespace, whatever its state dir, since two would hand out
-// the same IPs and fight over the same rules.
-const NetNSLockDir = "/run/enimasq"
+// the same IPs and fight over the same rules. It is under the default state
+// dir, which the DaemonSet mounts from the host: agents in two containers
+// of one node see the same locks.
+const NetNSLockDir = "/var/run/enimasq/netns"
 
 // prepareNode creates the state dir, takes the agent lock in it (so a second
 // agent on the same state dir stops before touching the first one's sockets)
