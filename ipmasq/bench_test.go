@@ -1,27 +1,16 @@
 package ipmasq
 
 import (
-	"fmt"
-	"net/netip"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 
 	"github.com/cilium/statedb"
 )
 
 // benchFile is a config with n IPv4 /32s (link-local v4 and v6 added).
-func benchFile(n int, extra ...string) []byte {
-	var b strings.Builder
-	b.WriteString("nonMasqueradeCIDRs:\n")
-	for i := range n {
-		fmt.Fprintf(&b, "- %s/32\n", netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
-	}
-	for _, e := range extra {
-		fmt.Fprintf(&b, "- %s\n", e)
-	}
-	return []byte(b.String())
-}
+func benchFile(n int, extra ...string) []byte { return []byte(celltest.IPMasqAgentConfig(n, extra...)) }
 
 func newBenchTable(b *testing.B) (*statedb.DB, statedb.RWTable[*CIDR]) {
 	db := statedb.New()

@@ -2,12 +2,12 @@ package test
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 
 	"github.com/cilium/ebpf"
 
@@ -21,17 +21,7 @@ import (
 // with the peer (bulk refresh) and the floor (raw BatchUpdate) in the same
 // run; these check that the process adds nothing of note.
 
-func ipmasqFile(n int, extra ...string) string {
-	var b strings.Builder
-	b.WriteString("nonMasqueradeCIDRs:\n")
-	for i := range n {
-		fmt.Fprintf(&b, "- %s/32\n", netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
-	}
-	for _, e := range extra {
-		fmt.Fprintf(&b, "- %s\n", e)
-	}
-	return b.String()
-}
+func ipmasqFile(n int, extra ...string) string { return celltest.IPMasqAgentConfig(n, extra...) }
 
 func masqKey(b *testing.B, p netip.Prefix) []byte {
 	k, err := bpf.NewKeyV4(p)
