@@ -291,6 +291,9 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		return cmp.Compare(a.kind, b.kind)
 	})
 
+	// One entry a distinct prefix: at most one an item. Sized once, the
+	// entries are not copied as they grow.
+	t.entries = make([]templateEntry, 0, len(items))
 	cover := newPortCover(rules)
 	live := make([]bool, len(rules))
 	blocked := make([]int32, len(rules))
