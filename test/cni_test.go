@@ -30,6 +30,15 @@ func cniAgent(t *testing.T, topo *vpcTopology, ciliumNode, config string, prepar
 	}
 	a.Start()
 	a.WaitHealthy()
+	// Healthy is not ready: allocation waits for the CiliumNode, the
+	// ip-masq-agent CIDRs and the checkpoint, which a fast test can beat.
+	a.WaitFor("the agent ready to allocate", func() bool {
+		if len(a.Rows("enis")) == 0 || len(a.Rows("ip-masq-agent-cidrs")) == 0 {
+			return false
+		}
+		_, _, err := a.Dbg("ipam", "list")
+		return err == nil
+	})
 	return a, configPath
 }
 
