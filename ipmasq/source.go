@@ -16,19 +16,6 @@ import (
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
-// ReadFile reads and parses the config file at path. A missing file (or a
-// dangling ConfigMap symlink, or a missing directory) gives the defaults.
-func ReadFile(path string) (Desired, error) {
-	data, err := filewatch.ReadRegular(path, MaxFileSize)
-	if errors.Is(err, fs.ErrNotExist) {
-		return FromMissingFile(path), nil
-	}
-	if err != nil {
-		return Desired{}, err
-	}
-	return Parse(path, data)
-}
-
 // source keeps the table in step with the config file. A bad file leaves
 // the table as it is and marks the module degraded until a good file
 // arrives.
@@ -39,13 +26,18 @@ type source struct {
 	// period is the re-read period in force: fileResync, else resync.
 	fileResync, period time.Duration
 
-	// The last file read and what it gave: the same bytes again (a
+	// last is the last file read and what it gave: the same bytes again (a
 	// re-read, the events of a burst after the one read) are not parsed
 	// again, and the same Input is returned (filesource does not diff it).
-	lastData []byte
-	lastIn   *filesource.Input[*CIDR]
-	lastErr  error
-	lastFile time.Duration // fileResync of the last file
+	last parsedFile
+}
+
+// parsedFile is a file's bytes and what they parse to.
+type parsedFile struct {
+	data   []byte
+	in     *filesource.Input[*CIDR]
+	resync time.Duration // the file's resyncInterval
+	err    error
 }
 
 func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
@@ -69,31 +61,31 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 	return s
 }
 
+// read reads and parses the file; a missing file (or a dangling ConfigMap
+// symlink, or a missing directory) gives the defaults.
 func (s *source) read(path string) (*filesource.Input[*CIDR], error) {
 	data, err := filewatch.ReadRegular(path, MaxFileSize)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		s.lastData, s.lastIn, s.lastErr = nil, nil, nil
-		d := FromMissingFile(path)
-		s.fileResync = 0
-		return &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}, nil
+		s.last = parsedFile{in: input(FromMissingFile(path))}
 	case err != nil:
-		s.lastData, s.lastIn, s.lastErr = nil, nil, nil
+		s.last = parsedFile{}
 		return nil, err
-	case s.lastData != nil && bytes.Equal(data, s.lastData):
-		if s.lastErr == nil {
-			s.fileResync = s.lastFile
+	case s.last.data == nil || !bytes.Equal(data, s.last.data):
+		d, err := Parse(path, data)
+		s.last = parsedFile{data: data, err: err}
+		if err == nil {
+			s.last.in, s.last.resync = input(d), d.ResyncInterval
 		}
-		return s.lastIn, s.lastErr
 	}
-	d, err := Parse(path, data)
-	s.lastData, s.lastIn, s.lastErr = data, nil, err
-	if err != nil {
-		return nil, err
+	if s.last.err == nil {
+		s.fileResync = s.last.resync
 	}
-	s.fileResync, s.lastFile = d.ResyncInterval, d.ResyncInterval
-	s.lastIn = &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}
-	return s.lastIn, nil
+	return s.last.in, s.last.err
+}
+
+func input(d Desired) *filesource.Input[*CIDR] {
+	return &filesource.Input[*CIDR]{Rows: pointers(d.CIDRs), Warnings: d.Warnings, Summary: d.Summary}
 }
 
 // rereadPeriod is the period in force after a read: the file's
