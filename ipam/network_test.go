@@ -9,9 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/enimasq/enimasq/cells/nodeips"
+
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -183,6 +186,8 @@ func testCells(n testNetwork, nl ipam.Netlink) []cell.Cell {
 	return []cell.Cell{
 		ipmasq.Cell,
 		ipam.Cell,
+		// node-ips without its netlink watcher: the rows are ipam's.
+		cell.Provide(nodeips.NewTable, statedb.RWTable[*nodeips.NodeIP].ToTable),
 		cell.Provide(func() *ipam.NetlinkTarget { return n.Target(nl) }),
 		rawCommands(n),
 	}

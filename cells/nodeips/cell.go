@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
@@ -34,6 +35,9 @@ type watcherParams struct {
 	DB    *statedb.DB
 	Table statedb.RWTable[*NodeIP]
 	Jobs  job.Group
+	// NS, when provided, is the network namespace to watch instead of the
+	// agent's (tests).
+	NS *netns.NsHandle `optional:"true"`
 }
 
 // registerWatcher adds the job that keeps the netlink rows equal to the
@@ -44,13 +48,18 @@ func registerWatcher(p watcherParams) {
 	initDone := p.Table.RegisterInitializer(wtxn, "node-ips-netlink")
 	wtxn.Commit()
 	p.Jobs.Add(job.OneShot("watch-addresses", func(ctx context.Context, health cell.Health) error {
+		nl, err := handleAt(p.NS)
+		if err != nil {
+			return err
+		}
+		defer nl.Close()
 		updates := make(chan netlink.AddrUpdate, 64)
-		if err := netlink.AddrSubscribeWithOptions(updates, ctx.Done(), netlink.AddrSubscribeOptions{}); err != nil {
+		if err := netlink.AddrSubscribeWithOptions(updates, ctx.Done(), netlink.AddrSubscribeOptions{Namespace: p.NS}); err != nil {
 			return fmt.Errorf("subscribe to address changes: %w", err)
 		}
 		initialized := false
 		for {
-			addrs, err := interfaceAddresses()
+			addrs, err := interfaceAddresses(nl)
 			if err != nil {
 				health.Degraded("Cannot list the node's addresses", err)
 			} else {
@@ -85,10 +94,22 @@ func registerWatcher(p watcherParams) {
 	}))
 }
 
-// interfaceAddresses are the addresses of the interfaces of the agent's
-// network namespace, loopback excluded.
-func interfaceAddresses() ([]*NodeIP, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+// handleAt is a netlink handle in ns, or in the agent's namespace.
+func handleAt(ns *netns.NsHandle) (*netlink.Handle, error) {
+	if ns == nil {
+		return netlink.NewHandle()
+	}
+	h, err := netlink.NewHandleAt(*ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
+	}
+	return h, nil
+}
+
+// interfaceAddresses are the addresses of the interfaces nl sees, loopback
+// excluded.
+func interfaceAddresses(nl *netlink.Handle) ([]*NodeIP, error) {
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's addresses: %w", err)
 	}
@@ -102,7 +123,7 @@ func interfaceAddresses() ([]*NodeIP, error) {
 			continue
 		}
 		dev := a.Label
-		if link, err := netlink.LinkByIndex(a.LinkIndex); err == nil {
+		if link, err := nl.LinkByIndex(a.LinkIndex); err == nil {
 			dev = link.Attrs().Name
 		}
 		out = append(out, &NodeIP{Addr: ip.Unmap(), Source: SourceNetlink, Device: dev})
