@@ -1,10 +1,12 @@
 package test
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -107,5 +109,27 @@ func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("enimasq-dbg status does not match %q:\n%s", want, out)
 		}
+	}
+}
+
+// enimasq-dbg status --verbose lists the rows in error with their reason
+// and exits 1: policy maps of two entries cannot hold the sample's.
+func TestPrivilegedDbgStatusListsRowsInError(t *testing.T) {
+	a := NewAgent(t)
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	WriteFileAtomic(t, filepath.Join(dir, "web.yaml"), sample(t, "policyendpoint-v6-except.yaml"))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--policy-map-max-entries", "2")
+	a.Start()
+
+	row := regexp.MustCompile(`\n  policy-map-entries \{"Map":"enimasq_egress_v4","Peer":"[0-9./]+","Pod":"10\.130\.100\.133","Ports":"[^"]+"\}: update enimasq_egress_v4 key .*: no space left on device\n`)
+	var out string
+	a.WaitFor("rows in error listed", func() bool {
+		var err error
+		out, _, err = a.Dbg("status", "--verbose")
+		var exit *exec.ExitError
+		return errors.As(err, &exit) && exit.ExitCode() == 1 && row.MatchString(out)
+	})
+	if !strings.Contains(out, "Rows in error:\n  policy-map-entries") {
+		t.Errorf("no rows in error listed:\n%s", out)
 	}
 }

@@ -10,6 +10,7 @@ package celltest
 import (
 	"bytes"
 	"context"
+	"flag"
 	"log/slog"
 	"maps"
 	"os"
@@ -72,9 +73,47 @@ func run(t *testing.T, pattern string, bpfRootDir func(testing.TB) string, newCe
 				shebang, _, _ = strings.Cut(shebang, "\n")
 				args = append(args, strings.Fields(strings.ReplaceAll(shebang, "$WORK", work))...)
 			}
-			scripttest.Run(t, NewEngine(t, args, newCells(t)...), s, file, bytes.NewReader(archive.Comment))
+			RunScript(t, NewEngine(t, args, newCells(t)...), s, file, archive)
 		})
 	}
+}
+
+// RunScript runs one script (file, parsed as archive, its files extracted
+// in s) on an engine. With -scripttest.update (the flag of hive's
+// scripttest), the tables that db/cmp found are written into the file.
+func RunScript(t *testing.T, e *script.Engine, s *script.State, file string, archive *txtar.Archive) {
+	update := updating()
+	s.DoUpdate = update
+	scripttest.Run(t, e, s, file, bytes.NewReader(archive.Comment))
+	if update {
+		writeUpdates(t, file, archive, s.FileUpdates)
+	}
+}
+
+// updating reports whether the test runs with -scripttest.update (the flag
+// of hive's scripttest): db/cmp then writes the table it found into the
+// script's file.
+func updating() bool {
+	f := flag.Lookup("scripttest.update")
+	return f != nil && f.Value.String() == "true"
+}
+
+// writeUpdates writes the files that commands updated back into the script.
+func writeUpdates(t *testing.T, file string, archive *txtar.Archive, updates map[string]string) {
+	updated := false
+	for i, f := range archive.Files {
+		if data, ok := updates[f.Name]; ok {
+			archive.Files[i].Data = []byte(data)
+			updated = true
+		}
+	}
+	if !updated {
+		return
+	}
+	if err := os.WriteFile(file, txtar.Format(archive), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("updated %s", file)
 }
 
 // NewEngine builds the script engine for one script.

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cilium/statedb/reconciler"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -169,20 +170,13 @@ func writeErrorRows(w io.Writer, o *options) error {
 			return fmt.Errorf("dump %s: %w", table, err)
 		}
 		for _, row := range dump[table] {
-			var st struct {
-				Kind  string  `json:"kind"`
-				Error *string `json:"error"`
-			}
-			if json.Unmarshal(row["Status"], &st) != nil || st.Kind != "error" {
+			var st reconciler.Status
+			if json.Unmarshal(row["Status"], &st) != nil || st.Kind != reconciler.StatusKindError {
 				continue
 			}
 			delete(row, "Status")
 			key, _ := json.Marshal(row)
-			reason := ""
-			if st.Error != nil {
-				reason = *st.Error
-			}
-			fmt.Fprintf(w, "  %s %s: %s\n", table, key, reason)
+			fmt.Fprintf(w, "  %s %s: %s\n", table, key, st.GetError())
 			n++
 		}
 	}

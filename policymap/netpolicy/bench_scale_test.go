@@ -95,16 +95,18 @@ func manyPodsObject(pods int) *PolicyEndpoint {
 // and a rule per direction (manyPodsObject) into a running deriver (no maps) and
 // measures the memory its table rows hold: heap-MB is the heap in use
 // after a collection, less that before; rss-MB the growth of the
-// process's resident set (the first run's: the Go runtime keeps freed
+// process's resident set once the deriver is done, rss-peak-MB its
+// highest on the way (both the first run's: the Go runtime keeps freed
 // pages); B/entry the heap per policy-map-entries row.
 func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 	const pods = 50000
 	pe := manyPodsObject(pods)
 	perPod := len(CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe}))
-	var heap, rss float64
+	var heap, rss, peak float64
 	for b.Loop() {
 		b.StopTimer()
-		before, rssBefore := heapInUse(), residentSet(b)
+		before, rssBefore := heapInUse(), procStatus(b, "VmRSS")
+		resetPeakRSS(b)
 		b.StartTimer()
 		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true})
 		f.write(false, pe)
@@ -113,25 +115,28 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 		b.StopTimer()
 		heap += float64(heapInUse() - before)
 		if rss == 0 {
-			rss = float64(residentSet(b) - rssBefore)
+			rss = float64(procStatus(b, "VmRSS") - rssBefore)
+			peak = float64(procStatus(b, "VmHWM") - rssBefore)
 		}
 		f.stop()
 		b.StartTimer()
 	}
 	b.ReportMetric(heap/float64(b.N)/(1<<20), "heap-MB")
 	b.ReportMetric(rss/(1<<20), "rss-MB")
+	b.ReportMetric(peak/(1<<20), "rss-peak-MB")
 	b.ReportMetric(heap/float64(b.N)/float64(pods*perPod), "B/entry")
 	b.ReportMetric(float64(perPod), "entries/pod")
 }
 
-// residentSet is the process's resident set size (VmRSS), in bytes.
-func residentSet(tb testing.TB) uint64 {
+// procStatus is a size field of /proc/self/status (VmRSS: the resident
+// set, VmHWM: its peak), in bytes.
+func procStatus(tb testing.TB, field string) uint64 {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	for _, l := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == field+":" {
 			kb, err := strconv.ParseUint(f[1], 10, 64)
 			if err != nil {
 				tb.Fatal(err)
@@ -139,8 +144,16 @@ func residentSet(tb testing.TB) uint64 {
 			return kb << 10
 		}
 	}
-	tb.Fatal("no VmRSS in /proc/self/status")
+	tb.Fatalf("no %s in /proc/self/status", field)
 	return 0
+}
+
+// resetPeakRSS sets VmHWM to the current resident set (proc(5),
+// /proc/pid/clear_refs).
+func resetPeakRSS(tb testing.TB) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // BenchmarkPolicySmallDuringLargeCompile: with the maps and the

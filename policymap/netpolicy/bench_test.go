@@ -75,7 +75,7 @@ func rawBatchUpdate(b *testing.B, entries []*PolicyMapEntry) time.Duration {
 	b.Helper()
 	byMap := map[string][]*PolicyMapEntry{}
 	for _, e := range entries {
-		byMap[e.Map] = append(byMap[e.Map], e)
+		byMap[e.Map()] = append(byMap[e.Map()], e)
 	}
 	var total time.Duration
 	for name, es := range byMap {
@@ -91,8 +91,8 @@ func rawBatchUpdate(b *testing.B, entries []*PolicyMapEntry) time.Duration {
 		keys := make([]byte, 0, len(es)*int(spec.KeySize))
 		values := make([]byte, 0, len(es)*bpf.PolicyValueSize)
 		for _, e := range es {
-			keys = append(keys, e.key...)
-			values = append(values, e.value...)
+			keys = append(keys, e.MapKey()...)
+			values = append(values, e.MapValue()...)
 		}
 		ks, vs := asArrays(keys, int(spec.KeySize)), asArrays(values, bpf.PolicyValueSize)
 		runtime.GC()
@@ -244,7 +244,7 @@ func changedEntries(before, after []*PolicyMapEntry) int {
 	ids := func(es []*PolicyMapEntry) map[string]bool {
 		m := map[string]bool{}
 		for _, e := range es {
-			m[fmt.Sprintf("%s %x", e.Map, e.key)+" "+fmt.Sprintf("%x", e.value)] = true
+			m[fmt.Sprintf("%s %x", e.Map(), e.MapKey())+" "+fmt.Sprintf("%x", e.MapValue())] = true
 		}
 		return m
 	}
@@ -257,10 +257,10 @@ func changedEntries(before, after []*PolicyMapEntry) int {
 	}
 	keysA := map[string]bool{}
 	for _, e := range before {
-		keysA[fmt.Sprintf("%s %x", e.Map, e.key)] = true
+		keysA[fmt.Sprintf("%s %x", e.Map(), e.MapKey())] = true
 	}
 	for _, e := range after {
-		if !keysA[fmt.Sprintf("%s %x", e.Map, e.key)] {
+		if !keysA[fmt.Sprintf("%s %x", e.Map(), e.MapKey())] {
 			n++ // added
 		}
 	}
@@ -280,7 +280,7 @@ func (h *policyHarness) waitPod(pod netip.Addr, want []*PolicyMapEntry) {
 	}
 	deadline := time.After(30 * time.Second)
 	for {
-		iter, watch := h.entries.ListWatch(h.db.ReadTxn(), PolicyEntryPodIndex.Query(pod))
+		iter, watch := h.entries.PrefixWatch(h.db.ReadTxn(), PodEntries(pod))
 		n, ok := 0, true
 		for e := range iter {
 			n++
@@ -303,28 +303,28 @@ func (h *policyHarness) waitPod(pod netip.Addr, want []*PolicyMapEntry) {
 func rawChange(b *testing.B, m *ebpf.Map, before, after []*PolicyMapEntry) time.Duration {
 	b.Helper()
 	for _, e := range before {
-		if err := m.Put(e.key, e.value); err != nil {
+		if err := m.Put(e.MapKey(), e.MapValue()); err != nil {
 			b.Fatal(err)
 		}
 	}
 	keep := map[string]bool{}
 	for _, e := range after {
-		keep[string(e.key)] = true
+		keep[string(e.MapKey())] = true
 	}
 	had := map[string]string{}
 	for _, e := range before {
-		had[string(e.key)] = string(e.value)
+		had[string(e.MapKey())] = string(e.MapValue())
 	}
 	var gone, newKeys, newValues []byte
 	for _, e := range before {
-		if !keep[string(e.key)] {
-			gone = append(gone, e.key...)
+		if !keep[string(e.MapKey())] {
+			gone = append(gone, e.MapKey()...)
 		}
 	}
 	for _, e := range after {
-		if v, ok := had[string(e.key)]; !ok || v != string(e.value) {
-			newKeys = append(newKeys, e.key...)
-			newValues = append(newValues, e.value...)
+		if v, ok := had[string(e.MapKey())]; !ok || v != string(e.MapValue()) {
+			newKeys = append(newKeys, e.MapKey()...)
+			newValues = append(newValues, e.MapValue()...)
 		}
 	}
 	ks := int(m.KeySize())
@@ -342,7 +342,7 @@ func rawChange(b *testing.B, m *ebpf.Map, before, after []*PolicyMapEntry) time.
 	}
 	elapsed := time.Since(start)
 	for _, e := range after {
-		m.Delete(e.key)
+		m.Delete(e.MapKey())
 	}
 	return elapsed
 }
@@ -379,8 +379,8 @@ func BenchmarkPolicyOnePodChange(b *testing.B) {
 	}
 	changed := changedEntries(compiled[0], compiled[1])
 	for _, e := range append(append([]*PolicyMapEntry(nil), compiled[0]...), compiled[1]...) {
-		if e.Map != bpf.PolicyEgressV4MapName && e.Peer.Bits() > 0 && !e.Peer.Contains(netip.MustParseAddr("100.127.0.1")) &&
-			!e.Peer.Overlaps(netip.MustParsePrefix("172.16.0.0/15")) {
+		if e.Map() != bpf.PolicyEgressV4MapName && e.Peer().Bits() > 0 && !e.Peer().Contains(netip.MustParseAddr("100.127.0.1")) &&
+			!e.Peer().Overlaps(netip.MustParsePrefix("172.16.0.0/15")) {
 			b.Fatalf("unexpected entry %v", e.TableRow())
 		}
 	}
@@ -392,7 +392,7 @@ func BenchmarkPolicyOnePodChange(b *testing.B) {
 	egress := func(es []*PolicyMapEntry) []*PolicyMapEntry {
 		var out []*PolicyMapEntry
 		for _, e := range es {
-			if e.Map == bpf.PolicyEgressV4MapName {
+			if e.Map() == bpf.PolicyEgressV4MapName {
 				out = append(out, e)
 			}
 		}

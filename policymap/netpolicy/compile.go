@@ -136,10 +136,11 @@ type policyTemplate struct {
 }
 
 type templateEntry struct {
-	peer  netip.Prefix
-	value []byte
-	text  string
-	err   string
+	mapName string
+	peer    netip.Prefix
+	value   []byte
+	text    string
+	err     string
 }
 
 // compileSelection returns the templates of the selection, egress first.
@@ -252,7 +253,7 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		}
 	}
 	if !isolated {
-		t.entries = []templateEntry{{peer: root, value: anyBytes, text: anyText}}
+		t.entries = []templateEntry{{mapName: t.mapName, peer: root, value: anyBytes, text: anyText}}
 		return t
 	}
 
@@ -363,6 +364,9 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 			t.entries = append(t.entries, values.entry(peer, cover))
 		}
 	}
+	for i := range t.entries {
+		t.entries[i].mapName = t.mapName
+	}
 	return t
 }
 
@@ -408,27 +412,13 @@ func (v *valueInterner) entry(peer netip.Prefix, cover *portCover) templateEntry
 	return e
 }
 
-// stamp appends the template's entries for a pod IP to out: the entries
-// and their keys each come from one block; values and texts are the
-// template's.
+// stamp appends the template's entries for a pod IP to out, from one
+// block: each row points at its template entry.
 func (t *policyTemplate) stamp(out []*PolicyMapEntry, pod netip.Addr) []*PolicyMapEntry {
-	n := len(t.entries)
-	block := make([]PolicyMapEntry, n)
-	keys := make([]byte, 0, n*(4+2*pod.BitLen()/8))
-	for i, te := range t.entries {
-		e := &block[i]
-		*e = PolicyMapEntry{Map: t.mapName, Pod: pod, Peer: te.peer, Ports: te.text, Error: te.err, value: te.value}
-		start := len(keys)
-		k, err := bpf.AppendPolicyKey(keys, pod, te.peer)
-		if err != nil {
-			// Pod and peer are of one family by construction; never encode
-			// something else.
-			e.Map, e.Error = "", fmt.Sprintf("cannot encode: %s", err)
-		} else {
-			keys = k
-			e.key = keys[start:len(keys):len(keys)]
-		}
-		out = append(out, e)
+	block := make([]PolicyMapEntry, len(t.entries))
+	for i := range t.entries {
+		block[i] = PolicyMapEntry{Pod: pod, t: &t.entries[i]}
+		out = append(out, &block[i])
 	}
 	return out
 }

@@ -30,9 +30,9 @@ func mustParse(t testing.TB, yamls ...string) []*PolicyEndpoint {
 func entryLines(entries []*PolicyMapEntry) []string {
 	var out []string
 	for _, e := range entries {
-		l := strings.Join([]string{e.Map, e.Pod.String(), e.Peer.String(), e.Ports}, " ")
-		if e.Error != "" {
-			l += " ERROR " + e.Error
+		l := strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.Ports()}, " ")
+		if e.EncodeError() != "" {
+			l += " ERROR " + e.EncodeError()
 		}
 		out = append(out, l)
 	}
@@ -187,7 +187,7 @@ func TestCompileIsDeterministic(t *testing.T) {
 			}
 			for j := range base {
 				a, b := base[j], again[j]
-				if a.Map != b.Map || !bytes.Equal(a.key, b.key) || !bytes.Equal(a.value, b.value) || a.Error != b.Error {
+				if a.Map() != b.Map() || !bytes.Equal(a.MapKey(), b.MapKey()) || !bytes.Equal(a.MapValue(), b.MapValue()) || a.EncodeError() != b.EncodeError() {
 					t.Fatalf("scenario %d entry %d: %v then %v", i, j, a.TableRow(), b.TableRow())
 				}
 			}

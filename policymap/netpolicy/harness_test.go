@@ -139,7 +139,7 @@ func (h *policyHarness) setEndpoints(pes []*PolicyEndpoint) {
 
 // entryID identifies the desired kernel state of an entry.
 func entryID(e *PolicyMapEntry) string {
-	return fmt.Sprintf("%s %x %x %s", e.Map, e.key, e.value, e.Error)
+	return fmt.Sprintf("%s %x %x %s", e.Map(), e.MapKey(), e.MapValue(), e.EncodeError())
 }
 
 // waitConverged waits until policy-map-entries holds exactly want, every
@@ -149,9 +149,7 @@ func (h *policyHarness) waitConverged(want []*PolicyMapEntry) {
 	h.tb.Helper()
 	wantIDs := map[string]bool{}
 	for _, e := range want {
-		if e.Map != "" {
-			wantIDs[entryID(e)] = true
-		}
+		wantIDs[entryID(e)] = true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -181,9 +179,7 @@ func (h *policyHarness) waitConverged(want []*PolicyMapEntry) {
 	}
 	var wantKernel []string
 	for _, e := range want {
-		if e.Map != "" {
-			wantKernel = append(wantKernel, fmt.Sprintf("%s %x %x", e.Map, e.key, e.value))
-		}
+		wantKernel = append(wantKernel, fmt.Sprintf("%s %x %x", e.Map(), e.MapKey(), e.MapValue()))
 	}
 	slices.Sort(wantKernel)
 	// Deleted rows leave the table before their keys leave the kernel:

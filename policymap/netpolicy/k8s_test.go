@@ -1,7 +1,6 @@
 package netpolicy_test
 
 import (
-	"bytes"
 	"context"
 	"maps"
 	"net/netip"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/script"
-	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
 	"golang.org/x/tools/txtar"
 
@@ -48,7 +46,7 @@ func TestPrivilegedK8sScripts(t *testing.T) {
 		}
 		e := celltest.NewEngine(t, args, k8sclient.Cell, nodeips.Cell, testNodeIPs, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 		maps.Copy(e.Cmds, c.ScriptCommands())
-		scripttest.Run(t, e, s, file, bytes.NewReader(archive.Comment))
+		celltest.RunScript(t, e, s, file, archive)
 	})
 }
 

@@ -448,14 +448,14 @@ func evalEntries(entries []*PolicyMapEntry, p packet) bool {
 	name := bpf.PolicyMapName(p.Dir, bpf.FamilyOf(p.Pod))
 	var best *PolicyMapEntry
 	for _, e := range entries {
-		if e.Map == name && e.Pod == p.Pod && e.Peer.Contains(p.Peer) && (best == nil || e.Peer.Bits() > best.Peer.Bits()) {
+		if e.Map() == name && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (best == nil || e.Peer().Bits() > best.Peer().Bits()) {
 			best = e
 		}
 	}
 	if best == nil {
 		return true
 	}
-	v, err := bpf.UnmarshalPolicyValue(best.value)
+	v, err := bpf.UnmarshalPolicyValue(best.MapValue())
 	if err != nil {
 		panic(err)
 	}

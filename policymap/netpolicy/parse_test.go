@@ -311,8 +311,8 @@ func FuzzParsePolicyEndpoints(f *testing.F) {
 			// family.
 			for _, p := range pe.Pods {
 				for _, e := range CompilePod(p.PodIP, []*PolicyEndpoint{pe}) {
-					if _, f, _ := bpf.ParsePolicyMapName(e.Map); f != bpf.FamilyOf(p.PodIP) {
-						t.Fatalf("entry %v in map %s", e.TableRow(), e.Map)
+					if _, f, _ := bpf.ParsePolicyMapName(e.Map()); f != bpf.FamilyOf(p.PodIP) {
+						t.Fatalf("entry %v in map %s", e.TableRow(), e.Map())
 					}
 				}
 			}

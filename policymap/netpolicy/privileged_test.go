@@ -210,7 +210,7 @@ func byteSlices(keys any) [][]byte {
 // statusOf is the status kind of the entry with key, "" if absent.
 func statusOf(rows []*PolicyMapEntry, key []byte) string {
 	for _, r := range rows {
-		if bytes.Equal(r.key, key) {
+		if bytes.Equal(r.MapKey(), key) {
 			return r.Status.Kind.String()
 		}
 	}

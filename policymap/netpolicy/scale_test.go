@@ -26,7 +26,7 @@ func (f *deriverFixture) countPods(pods ...netip.Addr) ([]int, <-chan struct{}) 
 	_, watch := f.entries.AllWatch(txn)
 	out := make([]int, len(pods))
 	for i, p := range pods {
-		for range f.entries.List(txn, PolicyEntryPodIndex.Query(p)) {
+		for range f.entries.Prefix(txn, PodEntries(p)) {
 			out[i]++
 		}
 	}
@@ -85,11 +85,11 @@ func TestPodsShareCompiledValues(t *testing.T) {
 	waitNumEntries(t, f, pods*len(CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe})))
 	first := map[string][]byte{}
 	for e := range f.entries.All(f.db.ReadTxn()) {
-		id := e.Map + " " + e.Peer.String()
+		id := e.Map() + " " + e.Peer().String()
 		if v, ok := first[id]; !ok {
-			first[id] = e.value
-		} else if &v[0] != &e.value[0] {
-			t.Fatalf("%s %s: value not shared with the other pods'", e.Map, e.Peer)
+			first[id] = e.MapValue()
+		} else if &v[0] != &e.MapValue()[0] {
+			t.Fatalf("%s %s: value not shared with the other pods'", e.Map(), e.Peer())
 		}
 	}
 }
