@@ -10,19 +10,25 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 )
 
-// Shared value bytes: entries are immutable, so one copy serves all.
+// portValue is a compiled map value: its kernel bytes, its text and, when
+// the rules could not be encoded for a key, why it denies. Immutable and
+// shared by every entry with the same value.
+type portValue struct {
+	bytes []byte
+	text  string
+	err   string
+}
+
+// The values every template uses.
 var (
-	denyValue    bpf.PolicyValue
-	denyBytes, _ = denyValue.MarshalBinary()
-	anyValue     = bpf.PolicyValue{bpf.AnyPortEntry}
-	anyBytes, _  = anyValue.MarshalBinary()
+	denyPorts = newPortValue(bpf.PolicyValue{}, "")
+	anyPorts  = newPortValue(bpf.PolicyValue{bpf.AnyPortEntry}, "")
 )
 
-// Texts of the shared values.
-var (
-	denyText = denyValue.String()
-	anyText  = anyValue.String()
-)
+func newPortValue(v bpf.PolicyValue, err string) *portValue {
+	b, _ := v.MarshalBinary() // a fixed-size array: never fails
+	return &portValue{bytes: b, text: v.String(), err: err}
+}
 
 // CompilePod returns the map entries of a pod IP for every direction, from
 // the PolicyEndpoints that select it (objects in pes that do not list the
@@ -57,8 +63,13 @@ func CompilePod(pod netip.Addr, pes []*PolicyEndpoint) []*PolicyMapEntry {
 	if !ok {
 		return nil
 	}
-	var out []*PolicyMapEntry
-	for _, t := range compileSelection(sel) {
+	ts := compileSelection(sel)
+	n := 0
+	for _, t := range ts {
+		n += len(t.entries)
+	}
+	out := make([]*PolicyMapEntry, 0, n)
+	for _, t := range ts {
 		out = t.stamp(out, pod)
 	}
 	return out
@@ -138,9 +149,7 @@ type policyTemplate struct {
 type templateEntry struct {
 	mapName string
 	peer    netip.Prefix
-	value   []byte
-	text    string
-	err     string
+	value   *portValue
 }
 
 // compileSelection returns the templates of the selection, egress first.
@@ -238,13 +247,17 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 	root := rootPrefix(fam)
 	t := &policyTemplate{mapName: bpf.PolicyMapName(d, fam)}
 
-	var rules []*Rule
-	isolated := false
+	isolated, n := false, 0
+	for _, pe := range sel.pes {
+		if pe.Isolates(d) {
+			isolated, n = true, n+len(pe.Rules(d))
+		}
+	}
+	rules := make([]*Rule, 0, n)
 	for _, pe := range sel.pes {
 		if !pe.Isolates(d) {
 			continue
 		}
-		isolated = true
 		rs := pe.Rules(d)
 		for i := range rs {
 			if rs[i].CIDR.IsValid() && bpf.FamilyOf(rs[i].CIDR.Addr()) == fam {
@@ -253,11 +266,15 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		}
 	}
 	if !isolated {
-		t.entries = []templateEntry{{mapName: t.mapName, peer: root, value: anyBytes, text: anyText}}
+		t.entries = []templateEntry{{mapName: t.mapName, peer: root, value: anyPorts}}
 		return t
 	}
 
-	items := make([]sweepItem, 0, 1+len(sel.hosts)+2*len(rules))
+	n = 1 + len(sel.hosts) + len(rules)
+	for _, r := range rules {
+		n += len(r.Except)
+	}
+	items := make([]sweepItem, 0, n)
 	items = append(items, newSweepItem(root, evBoundary, -1))
 	for _, h := range sel.hosts {
 		items = append(items, newSweepItem(netip.PrefixFrom(h, h.BitLen()), evHost, -1))
@@ -357,11 +374,11 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		peer := group[0].prefix(fam)
 		switch {
 		case slices.ContainsFunc(group, func(it sweepItem) bool { return it.kind == evHost }):
-			t.entries = append(t.entries, templateEntry{peer: peer, value: anyBytes, text: anyText})
+			t.entries = append(t.entries, templateEntry{peer: peer, value: anyPorts})
 		case allowAll > 0:
-			t.entries = append(t.entries, templateEntry{peer: peer, value: anyBytes, text: anyText})
+			t.entries = append(t.entries, templateEntry{peer: peer, value: anyPorts})
 		default:
-			t.entries = append(t.entries, values.entry(peer, cover))
+			t.entries = append(t.entries, templateEntry{peer: peer, value: values.value(cover)})
 		}
 	}
 	for i := range t.entries {
@@ -370,27 +387,26 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 	return t
 }
 
-// valueInterner shares the bytes and text of equal values within a
-// template; a value seen before costs no allocation.
+// valueInterner shares the values of a template: a value seen before
+// costs no allocation.
 type valueInterner struct {
 	scratch []bpf.PortEntry
 	key     []byte
-	seen    map[string]templateEntry
+	seen    map[string]*portValue
 }
 
 func newValueInterner() *valueInterner {
-	return &valueInterner{seen: map[string]templateEntry{}}
+	return &valueInterner{seen: map[string]*portValue{}}
 }
 
-// entry returns the entry of peer with the value of the live ports.
-func (v *valueInterner) entry(peer netip.Prefix, cover *portCover) templateEntry {
+// value returns the value of the live ports.
+func (v *valueInterner) value(cover *portCover) *portValue {
 	n := cover.count()
 	switch {
 	case n == 0:
-		return templateEntry{peer: peer, value: denyBytes, text: denyText}
+		return denyPorts
 	case n > bpf.PolicyMaxPortEntries:
-		msg := fmt.Sprintf("%d distinct port entries, a key holds at most %d: the key denies (fails closed)", n, bpf.PolicyMaxPortEntries)
-		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: msg}
+		return v.tooMany(n)
 	}
 	v.scratch = cover.appendEntries(v.scratch[:0])
 	v.key = v.key[:0]
@@ -399,17 +415,29 @@ func (v *valueInterner) entry(peer netip.Prefix, cover *portCover) templateEntry
 		v.key = binary.LittleEndian.AppendUint32(v.key, e.StartPort)
 		v.key = binary.LittleEndian.AppendUint32(v.key, e.EndPort)
 	}
-	if e, ok := v.seen[string(v.key)]; ok {
-		e.peer = peer
-		return e
+	if pv, ok := v.seen[string(v.key)]; ok {
+		return pv
 	}
-	vb, text, err := bpf.EncodePortEntries(v.scratch)
+	b, text, err := bpf.EncodePortEntries(v.scratch)
 	if err != nil { // the count was checked; protocols are never 0
-		return templateEntry{peer: peer, value: denyBytes, text: denyText, err: err.Error()}
+		return &portValue{bytes: denyPorts.bytes, text: denyPorts.text, err: err.Error()}
 	}
-	e := templateEntry{peer: peer, value: vb, text: text}
-	v.seen[string(v.key)] = e
-	return e
+	pv := &portValue{bytes: b, text: text}
+	v.seen[string(v.key)] = pv
+	return pv
+}
+
+// tooMany is the value of a key whose union has n > 24 entries: it denies
+// and says why. One per n.
+func (v *valueInterner) tooMany(n int) *portValue {
+	key := fmt.Sprintf("too many: %d", n)
+	if pv, ok := v.seen[key]; ok {
+		return pv
+	}
+	msg := fmt.Sprintf("%d distinct port entries, a key holds at most %d: the key denies (fails closed)", n, bpf.PolicyMaxPortEntries)
+	pv := &portValue{bytes: denyPorts.bytes, text: denyPorts.text, err: msg}
+	v.seen[key] = pv
+	return pv
 }
 
 // stamp appends the template's entries for a pod IP to out, from one

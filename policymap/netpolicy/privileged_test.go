@@ -283,7 +283,7 @@ func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			if err := m.Put(stale, anyBytes); err != nil {
+			if err := m.Put(stale, anyPorts.bytes); err != nil {
 				t.Fatal(err)
 			}
 		},

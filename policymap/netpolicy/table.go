@@ -34,7 +34,7 @@ type PolicyMapEntry struct {
 }
 
 func (e *PolicyMapEntry) MapName() string  { return e.t.mapName }
-func (e *PolicyMapEntry) MapValue() []byte { return e.t.value }
+func (e *PolicyMapEntry) MapValue() []byte { return e.t.value.bytes }
 
 // MapKey encodes the kernel key: pod and peer are of one family by
 // construction (a template is compiled for the family of its pods), so it
@@ -55,11 +55,11 @@ func (e *PolicyMapEntry) Map() string { return e.t.mapName }
 func (e *PolicyMapEntry) Peer() netip.Prefix { return e.t.peer }
 
 // Ports is the value as text: "deny", "any", or "tcp/80,udp/53".
-func (e *PolicyMapEntry) Ports() string { return e.t.text }
+func (e *PolicyMapEntry) Ports() string { return e.t.value.text }
 
 // EncodeError is set when the rules cannot be encoded for this key (more
 // than 24 port entries): the key then denies (fails closed).
-func (e *PolicyMapEntry) EncodeError() string { return e.t.err }
+func (e *PolicyMapEntry) EncodeError() string { return e.t.value.err }
 
 func (e *PolicyMapEntry) Clone() *PolicyMapEntry { c := *e; return &c }
 
@@ -77,7 +77,8 @@ func (e *PolicyMapEntry) sameDesired(o *PolicyMapEntry) bool {
 		return false
 	}
 	a, b := e.t, o.t
-	return a == b || a.mapName == b.mapName && a.peer == b.peer && a.err == b.err && bytes.Equal(a.value, b.value)
+	return a == b || a.mapName == b.mapName && a.peer == b.peer &&
+		(a.value == b.value || a.value.err == b.value.err && bytes.Equal(a.value.bytes, b.value.bytes))
 }
 
 func (e *PolicyMapEntry) TableHeader() []string {
@@ -86,8 +87,8 @@ func (e *PolicyMapEntry) TableHeader() []string {
 
 func (e *PolicyMapEntry) TableRow() []string {
 	var errs []string
-	if e.t.err != "" {
-		errs = append(errs, e.t.err)
+	if msg := e.EncodeError(); msg != "" {
+		errs = append(errs, msg)
 	}
 	if msg := e.Status.GetError(); msg != "" {
 		errs = append(errs, msg)
@@ -107,7 +108,7 @@ type policyMapEntryView struct {
 }
 
 func (e *PolicyMapEntry) view() policyMapEntryView {
-	return policyMapEntryView{Map: e.Map(), Pod: e.Pod, Peer: e.Peer(), Ports: e.Ports(), Error: e.t.err, Status: e.Status}
+	return policyMapEntryView{Map: e.Map(), Pod: e.Pod, Peer: e.Peer(), Ports: e.Ports(), Error: e.EncodeError(), Status: e.Status}
 }
 
 func (e *PolicyMapEntry) MarshalJSON() ([]byte, error) { return json.Marshal(e.view()) }
