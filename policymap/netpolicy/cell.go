@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"runtime/debug"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -194,6 +196,9 @@ func registerPolicyMaps(p policyMapParams) error {
 		entries:   p.Entries,
 		node:      p.Node,
 		initDone:  initDone,
+
+		returnMemory:      func() { returnMemory(p.Log) },
+		returnMemoryAfter: defaultReturnMemoryAfter,
 	}
 	p.Jobs.Add(job.OneShot("derive-policy-map-entries", d.run))
 	// The pins are the maps the reconciler writes (policymap.Maps.CheckPins).
@@ -212,4 +217,15 @@ func registerPolicyMaps(p policyMapParams) error {
 	)
 	p.State.reconciler = rec
 	return err
+}
+
+// returnMemory gives the pages of freed memory back to the OS and logs the
+// heap before and after.
+func returnMemory(log *slog.Logger) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&after)
+	log.Info("Returned freed memory to the OS after a large policy change",
+		"heap-in-use-mb", after.HeapInuse>>20, "released-mb", (after.HeapReleased-before.HeapReleased)>>20)
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -83,6 +82,12 @@ type policyDeriver struct {
 	bad map[netip.Addr][]*PolicyMapEntry
 
 	metrics *policyMetrics
+
+	// returnMemory gives freed memory back to the OS once a change of at
+	// least returnMemoryAfter entries is in the kernel (debug.FreeOSMemory
+	// unless a test sets it; nil: never).
+	returnMemory      func()
+	returnMemoryAfter int
 }
 
 // podHosts is the node IPs of an object's pods, by pod IP.
@@ -150,12 +155,19 @@ func (q *podQueue) pop() (netip.Addr, bool) {
 
 func (q *podQueue) empty() bool { return len(q.due) == 0 }
 
-// run follows the changes of policy-endpoints until ctx is done.
-// returnMemoryAfter is the number of entries written in one go after which
-// the deriver returns freed memory to the OS (a PolicyEndpoint with 50,000
-// pods writes 300,000).
-const returnMemoryAfter = 100_000
+const (
+	// defaultReturnMemoryAfter is the number of entries written in one go
+	// after which the deriver returns freed memory to the OS once the
+	// reconciler has written them (a PolicyEndpoint with 50,000 pods
+	// writes 300,000).
+	defaultReturnMemoryAfter = 100_000
+	// settleCheck is how often the deriver looks whether such a change is
+	// in the kernel (a scan of the table that stops at the first Pending
+	// row).
+	settleCheck = 250 * time.Millisecond
+)
 
+// run follows the changes of policy-endpoints until ctx is done.
 func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 	wtxn := d.db.WriteTxn(d.endpoints)
 	changes, err := d.endpoints.Changes(wtxn)
@@ -177,11 +189,12 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		pods, written int
 		start         time.Time
 		lastCompiling string
+		settle        <-chan time.Time // armed after a large change
 	)
 	for {
 		// Newer changes first: they become the front batch.
-		batch, watch := changes.Next(d.db.ReadTxn())
-		if affected := d.affected(batch); len(affected) > 0 {
+		affected, watch := d.nextChanges(changes)
+		if len(affected) > 0 {
 			if d.queue.empty() && len(d.compiling) == 0 {
 				start, pods, written = time.Now(), 0, 0
 			}
@@ -222,11 +235,8 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 				d.metrics.compiled(time.Since(start))
 			}
 			d.log.Debug("Compiled policy map entries", "pods", pods, "entries-written", written)
-			if written >= returnMemoryAfter && len(d.compiling) == 0 {
-				// A large change leaves the table's old nodes and the
-				// compile's scratch as garbage: return the pages now, or
-				// the process keeps several times the live heap resident.
-				debug.FreeOSMemory()
+			if d.returnMemory != nil && written >= d.returnMemoryAfter && len(d.compiling) == 0 {
+				settle = time.After(settleCheck)
 			}
 			d.report(health, fmt.Sprintf("%d pod IPs recompiled, %d entries written", pods, written))
 			pods, written, lastCompiling = 0, 0, c
@@ -237,10 +247,40 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		case <-initWatch:
 		case r := <-d.results:
 			d.finished(r)
+		case <-settle:
+			settle = nil
+			if d.anyPending() {
+				settle = time.After(settleCheck)
+				continue
+			}
+			// A large change, compiled, written and reconciled, leaves
+			// the table's old rows and nodes, the compile's scratch and
+			// the reconciler's batches as garbage: the Go runtime would
+			// keep their pages, up to twice the live heap. Return them.
+			d.returnMemory()
 		case <-ctx.Done():
 			return nil
 		}
 	}
+}
+
+// anyPending reports whether some entry waits for the reconciler.
+func (d *policyDeriver) anyPending() bool {
+	for e := range d.entries.All(d.db.ReadTxn()) {
+		if e.Status.Kind == reconciler.StatusKindPending {
+			return true
+		}
+	}
+	return false
+}
+
+// nextChanges returns the pod IPs that the changes since the last call
+// list or listed, and a channel closed on the next change. The batch's
+// snapshot of the database is not kept: held while the deriver waits, it
+// would keep every row the reconciler has since replaced.
+func (d *policyDeriver) nextChanges(changes statedb.ChangeIterator[*PolicyEndpoint]) ([]netip.Addr, <-chan struct{}) {
+	batch, watch := changes.Next(d.db.ReadTxn())
+	return d.affected(batch), watch
 }
 
 // affected returns the pod IPs that a batch of changes lists or listed.

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
@@ -25,7 +27,8 @@ type deriverFixture struct {
 	stop      func()           // stops the deriver; also at the end of the test
 }
 
-func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
+// startDeriver starts a deriver; opts set its fields before it runs.
+func startDeriver(t testing.TB, node nodeconfig.Config, opts ...func(*policyDeriver)) *deriverFixture {
 	t.Helper()
 	db := statedb.New()
 	eps, err := NewPolicyEndpointsTable(db)
@@ -41,6 +44,9 @@ func startDeriver(t testing.TB, node nodeconfig.Config) *deriverFixture {
 	initEntries := ents.RegisterInitializer(wtxn, "derive")
 	wtxn.Commit()
 	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries}
+	for _, o := range opts {
+		o(d)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	health := &celltest.Health{}
@@ -189,5 +195,67 @@ func TestDeriverTouchesOnlyChangedEntries(t *testing.T) {
 		if after[id] != rev {
 			t.Errorf("entry %s rewritten by the deletion of another pod's object", id)
 		}
+	}
+}
+
+// markDone sets every entry Done, as the reconciler would once the kernel
+// holds them: in rounds of 1000 entries, a transaction each. (A table
+// keeps the nodes of its previous version until its next write: one
+// transaction rewriting every row would hold two copies of the table.)
+func (f *deriverFixture) markDone() {
+	rows := statedb.Collect(f.entries.All(f.db.ReadTxn()))
+	for chunk := range slices.Chunk(rows, 1000) {
+		wtxn := f.db.WriteTxn(f.entries)
+		for _, e := range chunk {
+			f.entries.Insert(wtxn, e.Clone().SetStatus(reconciler.StatusDone()))
+		}
+		wtxn.Commit()
+	}
+}
+
+// returnsMemory makes the deriver report to calls, when it returns memory
+// (after changes of at least after entries), how many entries the table
+// holds and how many of them are Pending.
+func returnsMemory(after int, calls chan<- [2]int) func(*policyDeriver) {
+	return func(d *policyDeriver) {
+		d.returnMemoryAfter = after
+		d.returnMemory = func() {
+			var n [2]int
+			for e := range d.entries.All(d.db.ReadTxn()) {
+				n[0]++
+				if e.Status.Kind == reconciler.StatusKindPending {
+					n[1]++
+				}
+			}
+			calls <- n
+		}
+	}
+}
+
+// TestDeriverReturnsMemoryOnceTheChangeIsInTheKernel: after a large change
+// the deriver gives freed memory back to the OS, but only once the
+// reconciler has written every entry (before, the reconciler's own
+// garbage is still to come); a small change does not.
+func TestDeriverReturnsMemoryOnceTheChangeIsInTheKernel(t *testing.T) {
+	calls := make(chan [2]int, 2)
+	f := startDeriver(t, nodeconfig.Config{EnableIPv4: true}, returnsMemory(50, calls))
+	small := benchPolicyEndpoint(0, "10.1.0.7/32")
+	smallEntries := len(CompilePod(small.Pods[0].PodIP, []*PolicyEndpoint{small}))
+	f.write(false, small)
+	waitNumEntries(t, f, smallEntries)
+	f.markDone()
+
+	large := bigObject("large", 2, 20)
+	want := smallEntries + 20*len(CompilePod(large.Pods[0].PodIP, []*PolicyEndpoint{large}))
+	f.write(false, large)
+	waitNumEntries(t, f, want)
+	f.markDone()
+	select {
+	case n := <-calls:
+		if n != [2]int{want, 0} {
+			t.Fatalf("memory returned with %d entries, %d of them Pending; want %d, none Pending", n[0], n[1], want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("memory not returned after a large change")
 	}
 }
