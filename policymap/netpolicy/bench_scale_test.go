@@ -145,7 +145,10 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 		b.StartTimer()
 		returned := make(chan [2]int, 1)
 		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true}, returnsMemory(defaultReturnMemoryAfter, returned),
-			func(d *policyDeriver) { report := d.returnMemory; d.returnMemory = func() { debug.FreeOSMemory(); report() } })
+			func(d *policyDeriver) {
+				report := d.returnMemory
+				d.returnMemory = func() { debug.FreeOSMemory(); report() }
+			})
 		f.write(false, pe)
 		waitNumEntries(b, f, pods*perPod)
 		f.waitSettled(b)
