@@ -84,8 +84,8 @@ type policyDeriver struct {
 	metrics *policyMetrics
 
 	// returnMemory gives freed memory back to the OS once a change of at
-	// least returnMemoryAfter entries is in the kernel (debug.FreeOSMemory
-	// unless a test sets it; nil: never).
+	// least returnMemoryAfter entries is in the kernel (the cell's
+	// returnMemory; nil: never).
 	returnMemory      func()
 	returnMemoryAfter int
 }
