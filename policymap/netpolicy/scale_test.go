@@ -119,3 +119,28 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse
 }
+
+// TestARowKeepsItsTemplateBlockNotTheTemplate: a row left from an older
+// compilation (an entry an edit did not change) keeps alive the block of
+// its template entry, not the whole template: a template of a large
+// PolicyEndpoint is megabytes, and each edit makes a new one.
+func TestARowKeepsItsTemplateBlockNotTheTemplate(t *testing.T) {
+	pe := bigObject("large", 20000, 1)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	rows := CompilePod(pe.Pods[0].PodIP, []*PolicyEndpoint{pe})
+	n := len(rows)
+	kept := rows[n/2].Clone() // as the table keeps a Done row
+	rows = nil
+	retained := int64(heap()) - int64(before)
+	if retained > 256<<10 {
+		t.Errorf("one row of %d keeps %d KB alive", n, retained>>10)
+	}
+	runtime.KeepAlive(kept)
+	runtime.KeepAlive(pe)
+}
