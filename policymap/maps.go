@@ -25,7 +25,7 @@ import (
 // them, with the fault injector in front (inactive unless
 // --bpf-map-fault-probability or a test sets it). Every map feature holds
 // one: it opens its maps in a start hook, registers a reconciler with
-// [Maps.Ops] and [ReconcilerOptions], checks the pins with a timer job, and
+// [Maps.Ops] through [RegisterReconciler], checks the pins with a timer job, and
 // exports [TableMetrics].
 type Maps[E bpf.Entry] struct {
 	inner  *bpf.Ops[E]
@@ -176,7 +176,8 @@ func (o *Maps[E]) Ops() *bpf.ObservedOps[E] { return o.ops }
 // script commands and tests.
 func (o *Maps[E]) Faults() *bpf.FaultInjector[E] { return o.faults }
 
-// ReconcilerOptions are the options every LPM map reconciler uses.
+// ReconcilerOptions are the options every LPM map reconciler uses. The
+// refresh is not statedb's but RegisterReconciler's (batched).
 func ReconcilerOptions(cfg Config, name string) []reconciler.Option {
 	return []reconciler.Option{
 		reconciler.WithName(name),
@@ -185,7 +186,6 @@ func ReconcilerOptions(cfg Config, name string) []reconciler.Option {
 		// source is: a restart never empties a map before the desired state
 		// is loaded.
 		reconciler.WithPruning(cfg.BPFMapRefreshInterval),
-		reconciler.WithRefreshing(cfg.BPFMapRefreshInterval, rate.NewLimiter(rate.Limit(10000), 1000)),
 		// The default limit (1000 rounds/s) is the floor of a change's
 		// latency; batches make rounds cheap.
 		reconciler.WithRoundLimits(1024, rate.NewLimiter(rate.Inf, 1)),

@@ -92,15 +92,7 @@ func register(p params) error {
 			return masqEntryFor(p.Log, v4, v6, c.Prefix), statedb.DeriveInsert
 		})(p.Derive)
 
-	_, err := reconciler.Register(
-		p.Reconcile,
-		p.Table,
-		(*Entry).Clone,
-		(*Entry).SetStatus,
-		(*Entry).GetStatus,
-		p.Maps.Ops(),
-		p.Maps.Ops(),
-		policymap.ReconcilerOptions(p.Config, "masq-map")...,
-	)
+	_, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "masq-map", p.Table,
+		(*Entry).Clone, (*Entry).SetStatus, (*Entry).GetStatus, p.Maps.Ops(), p.Maps.Ops())
 	return err
 }

@@ -205,16 +205,8 @@ func registerPolicyMaps(p policyMapParams) error {
 	p.Jobs.Add(job.Timer("check-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
 		p.Config.BPFMapRefreshInterval))
 
-	rec, err := reconciler.Register(
-		p.Reconcile,
-		p.Entries,
-		(*PolicyMapEntry).Clone,
-		(*PolicyMapEntry).SetStatus,
-		(*PolicyMapEntry).GetStatus,
-		p.Ops.Ops(),
-		p.Ops.Ops(),
-		policymap.ReconcilerOptions(p.Config, "policy-map")...,
-	)
+	rec, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "policy-map", p.Entries,
+		(*PolicyMapEntry).Clone, (*PolicyMapEntry).SetStatus, (*PolicyMapEntry).GetStatus, p.Ops.Ops(), p.Ops.Ops())
 	p.State.reconciler = rec
 	return err
 }
