@@ -14,7 +14,7 @@
 // ip-masq-agent-cidrs) and netpolicy (the per-pod network-policy maps, from
 // PolicyEndpoint objects). This package holds one copy of what they share:
 // the retry and refresh flags ([Config]), the maps of a table with their
-// pins, fault injector and metrics ([Maps]), the reconciler options, the
-// kernel listing ([ListPrefixes]) and the script commands that wait for the
+// pins, fault injector and metrics ([Maps]), the reconciler with its
+// batched refresh ([RegisterReconciler]), the kernel listing ([ListPrefixes]) and the script commands that wait for the
 // kernel or inject faults.
 package policymap
