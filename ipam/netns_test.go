@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -35,42 +34,13 @@ type testNetNS struct {
 // handle, is closed).
 func newTestNetNS(t testing.TB, bare bool) *testNetNS {
 	t.Helper()
-	celltest.RequireRoot(t)
-	ns, err := func() (netns.NsHandle, error) {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			return netns.None(), err
-		}
-		defer orig.Close()
-		ns, err := netns.New() // moves this thread into it
-		if err != nil {
-			runtime.UnlockOSThread()
-			return netns.None(), err
-		}
-		if err := netns.Set(orig); err != nil {
-			// The thread is stuck in the new namespace: let it die with
-			// the goroutine (no UnlockOSThread).
-			ns.Close()
-			return netns.None(), fmt.Errorf("back to the original netns: %w", err)
-		}
-		runtime.UnlockOSThread()
-		return ns, nil
-	}()
-	if err != nil {
-		t.Fatalf("new netns: %s", err)
-	}
+	ns := celltest.NewNetNS(t)
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		ns.Close()
 		t.Fatalf("netlink handle: %s", err)
 	}
 	n := &testNetNS{NS: ns, H: h}
-	t.Cleanup(func() {
-		h.Close()
-		ns.Close()
-	})
+	t.Cleanup(func() { h.Close() })
 	lo, err := h.LinkByName("lo")
 	if err == nil {
 		err = h.LinkSetUp(lo)

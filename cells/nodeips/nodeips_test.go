@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -22,34 +21,13 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeips"
 )
 
-// newNetNS is a fresh network namespace (the test's thread is switched
-// back before it returns).
-func newNetNS(t *testing.T) netns.NsHandle {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
-
 // TestPrivilegedWatcherFollowsTheInterfaces: the netlink rows of node-ips
 // are the addresses of the namespace's interfaces, loopback excluded; the
 // table is initialized after the first list, and an address added or
 // removed later shows from the kernel's notification.
 func TestPrivilegedWatcherFollowsTheInterfaces(t *testing.T) {
 	celltest.RequireRoot(t)
-	ns := newNetNS(t)
+	ns := celltest.NewNetNS(t)
 	nl, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)

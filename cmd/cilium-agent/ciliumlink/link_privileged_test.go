@@ -89,7 +89,7 @@ func TestPrivilegedLinkedIntoCilium(t *testing.T) {
 	defer cancel()
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))
 
-	ns := newNetNS(t)
+	ns := celltest.NewNetNS(t)
 	nl, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -518,26 +518,6 @@ func dumpIPMasqV4(t *testing.T, bpfRoot string) []netip.Prefix {
 	}
 	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
-}
-
-func newNetNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
 }
 
 // inNetNS runs fn on a thread in ns; the thread is not reused after.
