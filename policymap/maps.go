@@ -176,9 +176,9 @@ func (o *Maps[E]) Ops() *bpf.ObservedOps[E] { return o.ops }
 // script commands and tests.
 func (o *Maps[E]) Faults() *bpf.FaultInjector[E] { return o.faults }
 
-// ReconcilerOptions are the options every LPM map reconciler uses. The
+// reconcilerOptions are the options every LPM map reconciler uses. The
 // refresh is not statedb's but RegisterReconciler's (batched).
-func ReconcilerOptions(cfg Config, name string) []reconciler.Option {
+func reconcilerOptions(cfg Config, name string) []reconciler.Option {
 	return []reconciler.Option{
 		reconciler.WithName(name),
 		reconciler.WithRetry(cfg.BPFMapRetryMin, cfg.BPFMapRetryMax),

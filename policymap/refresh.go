@@ -42,7 +42,7 @@ type refresher[E any] struct {
 }
 
 // RegisterReconciler registers a reconciler of table into its LPM maps
-// with ReconcilerOptions, and the batched refresh of the table.
+// with reconcilerOptions, and the batched refresh of the table.
 func RegisterReconciler[E comparable](
 	params reconciler.Params,
 	jobs job.Group,
@@ -55,7 +55,7 @@ func RegisterReconciler[E comparable](
 	ops reconciler.Operations[E],
 	batchOps reconciler.BatchOperations[E],
 ) (reconciler.Reconciler[E], error) {
-	rec, err := reconciler.Register(params, table, clone, setStatus, getStatus, ops, batchOps, ReconcilerOptions(cfg, name)...)
+	rec, err := reconciler.Register(params, table, clone, setStatus, getStatus, ops, batchOps, reconcilerOptions(cfg, name)...)
 	if err != nil {
 		return nil, err
 	}

@@ -37,7 +37,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -333,10 +332,6 @@ func (c *Cluster) ready() error {
 
 // Dynamic is an admin dynamic client.
 func (c *Cluster) Dynamic() dynamic.Interface { return c.dyn }
-
-// Mapper maps kinds to resources; it rereads discovery when a kind is not
-// known (as after a CRD was installed).
-func (c *Cluster) Mapper() meta.RESTMapper { return c.mapper }
 
 // StopAPIServer stops kube-apiserver (SIGTERM, as a node drain or a crash
 // loop would take it away); etcd and its data stay.
