@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // manyPodsPolicyEndpoint is the issue's 3.8 MB file: one PolicyEndpoint
@@ -38,20 +40,6 @@ spec:
 		fmt.Fprintf(&b, "  - {hostIP: 100.127.0.1, podIP: 100.%d.%d.%d, name: pod-%d, namespace: bench}\n", 64+(i>>16), byte(i>>8), byte(i), i)
 	}
 	return b.String()
-}
-
-// procStatus is a size field of /proc/PID/status (VmRSS, VmHWM), in bytes.
-func procStatus(tb testing.TB, pid int, field string) uint64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+) kB$`).FindSubmatch(data)
-	if m == nil {
-		tb.Fatalf("no %s in /proc/%d/status", field, pid)
-	}
-	kb, _ := strconv.ParseUint(string(m[1]), 10, 64)
-	return kb << 10
 }
 
 // BenchmarkProcessPolicyManyPods50000: enimasq-agent, started on an empty
@@ -91,18 +79,16 @@ func BenchmarkProcessPolicyManyPods50000(b *testing.B) {
 			return n
 		}
 		a.WaitFor("policy-map-entries reported", func() bool { return doneRows() == 0 })
-		before := procStatus(b, pid, "VmRSS")
-		if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
-			b.Fatal(err) // resets VmHWM to the current resident set
-		}
+		before := celltest.ProcMemory(b, pid, "VmRSS")
+		celltest.ResetPeakRSS(b, pid)
 		start := time.Now()
 		WriteFileAtomic(b, filepath.Join(dir, "many-pods.yaml"), content)
 		a.WaitFor("300,000 entries Done", func() bool { return doneRows() == 6*pods })
 		load = max(load, float64(time.Since(start).Microseconds())/1e3)
-		rss = max(rss, float64(procStatus(b, pid, "VmRSS")-before)/(1<<20))
-		peak = max(peak, float64(procStatus(b, pid, "VmHWM")-before)/(1<<20))
+		rss = max(rss, float64(celltest.ProcMemory(b, pid, "VmRSS")-before)/(1<<20))
+		peak = max(peak, float64(celltest.ProcMemory(b, pid, "VmHWM")-before)/(1<<20))
 		a.WaitFor("freed memory returned", func() bool { return strings.Contains(a.Log(), "Returned freed memory to the OS") })
-		rest = max(rest, float64(procStatus(b, pid, "VmRSS")-before)/(1<<20))
+		rest = max(rest, float64(celltest.ProcMemory(b, pid, "VmRSS")-before)/(1<<20))
 		if out := a.MustDbg("policy", "verdict", "--pod", "100.64.195.79", "--direction", "egress",
 			"--peer", "10.1.2.3", "--proto", "udp", "--port", "53"); !strings.HasPrefix(out, "ALLOW") {
 			b.Fatalf("the last pod's verdict: %s", out)

@@ -3,11 +3,9 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,8 +139,8 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 	var heap, rss, peak float64
 	for b.Loop() {
 		b.StopTimer()
-		before, rssBefore := heapInUse(), procStatus(b, "VmRSS")
-		resetPeakRSS(b)
+		before, rssBefore := heapInUse(), celltest.ProcMemory(b, 0, "VmRSS")
+		celltest.ResetPeakRSS(b, 0)
 		b.StartTimer()
 		returned := make(chan [2]int, 1)
 		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true}, returnsMemory(defaultReturnMemoryAfter, returned),
@@ -158,8 +156,8 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 		b.StopTimer()
 		if rss == 0 { // the first run's: later ones start with its pages
 			heap = float64(int64(heapInUse()) - int64(before))
-			rss = float64(int64(procStatus(b, "VmRSS")) - int64(rssBefore))
-			peak = float64(int64(procStatus(b, "VmHWM")) - int64(rssBefore))
+			rss = float64(int64(celltest.ProcMemory(b, 0, "VmRSS")) - int64(rssBefore))
+			peak = float64(int64(celltest.ProcMemory(b, 0, "VmHWM")) - int64(rssBefore))
 		}
 		f.stop()
 		b.StartTimer()
@@ -169,34 +167,6 @@ func BenchmarkPolicyManyPodsMemory(b *testing.B) {
 	b.ReportMetric(peak/(1<<20), "rss-peak-MB")
 	b.ReportMetric(heap/float64(pods*perPod), "B/entry")
 	b.ReportMetric(float64(perPod), "entries/pod")
-}
-
-// procStatus is a size field of /proc/self/status (VmRSS: the resident
-// set, VmHWM: its peak), in bytes.
-func procStatus(tb testing.TB, field string) uint64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == field+":" {
-			kb, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	tb.Fatalf("no %s in /proc/self/status", field)
-	return 0
-}
-
-// resetPeakRSS sets VmHWM to the current resident set (proc(5),
-// /proc/pid/clear_refs).
-func resetPeakRSS(tb testing.TB) {
-	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-		tb.Fatal(err)
-	}
 }
 
 // BenchmarkPolicySmallDuringLargeCompile: with the maps and the
