@@ -65,6 +65,9 @@ type Allocator struct {
 	ciliumNodePath string
 	retry          time.Duration
 	restoreDone    func(statedb.WriteTxn)
+	// externalAllocs is the write side of the allocations for the embedding
+	// agent's pod-set source (nodeconfig.AllocatorCilium only).
+	externalAllocs *ExternalAllocations
 	metrics        *ipamMetrics
 	// checkpointHealth is Degraded from a failed checkpoint write until one
 	// succeeds (nil in tests that build an Allocator by hand).
@@ -510,3 +513,7 @@ func (a *Allocator) programmed(txn statedb.ReadTxn, rules []*Rule, routes []*Rou
 	}
 	return done, nil
 }
+
+// external is the write side of ipam-allocations for the embedding agent's
+// pod-set source: nil unless the embedding agent's IPAM allocates.
+func (a *Allocator) external() *ExternalAllocations { return a.externalAllocs }

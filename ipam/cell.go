@@ -42,6 +42,7 @@ var Cell = cell.Module(
 		statedb.RWTable[*Rule].ToTable,
 		statedb.RWTable[*Route].ToTable,
 		newAllocator,
+		(*Allocator).external,
 		NewAPI,
 		scriptCommands,
 		(*ipamMetrics).collectors,
@@ -84,7 +85,7 @@ func newAllocator(p allocatorParams) *Allocator {
 	wtxn := p.DB.WriteTxn(p.Allocs)
 	initializer := "ipam-checkpoint"
 	if !p.Settings.OwnsAllocations() {
-		initializer = "ciliumnode-ipam-used"
+		initializer = "embedding-agent-pod-set"
 	}
 	restoreDone := p.Allocs.RegisterInitializer(wtxn, initializer)
 	wtxn.Commit()
@@ -116,8 +117,10 @@ func newAllocator(p allocatorParams) *Allocator {
 		return a
 	}
 	if !p.Settings.OwnsAllocations() {
-		// Cilium's IPAM allocates: follow its allocations (cilium.go).
-		p.Jobs.Add(job.OneShot("follow-cilium-allocations", a.followCilium))
+		// The embedding agent's IPAM allocates: its pod-set source writes
+		// the allocations (external.go).
+		a.restoreDone = nil
+		a.externalAllocs = &ExternalAllocations{db: p.DB, allocs: p.Allocs, enis: p.ENIs, initDone: restoreDone}
 		return a
 	}
 	p.Jobs.Add(
@@ -227,29 +230,30 @@ func registerReconcilers(p reconcilerParams) error {
 	if p.Settings.Off != "" {
 		return nil
 	}
+	rules, err := reconciler.Register(
+		p.Reconcile, p.Rules,
+		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,
+		&ruleOps{nl: p.Netlink, settings: p.Settings, allocs: p.Allocs}, nil,
+		reconcilerOptions(p.Config, "eni-rules")...,
+	)
+	if err != nil {
+		return err
+	}
 	if p.Netlink.changes != nil {
 		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings,
-			changes: p.Netlink.changes, subscribed: make(chan struct{})}
+			changes: p.Netlink.changes, pruneNow: rules.Prune, subscribed: make(chan struct{})}
 		if p.Settings.OwnsAllocations() {
 			repair.routes = p.Routes
 		}
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error { repair.subscribe(); return nil }})
 		p.Jobs.Add(job.OneShot("repair-deleted-rules", repair.run))
 	}
-	if _, err := reconciler.Register(
-		p.Reconcile, p.Rules,
-		(*Rule).Clone, (*Rule).SetStatus, (*Rule).GetStatus,
-		&ruleOps{nl: p.Netlink, settings: p.Settings, allocs: p.Allocs}, nil,
-		reconcilerOptions(p.Config, "eni-rules")...,
-	); err != nil {
-		return err
-	}
 	if !p.Settings.OwnsAllocations() {
 		// With Cilium's IPAM the ENI tables' routes are Cilium's: no route
 		// reconciler (its pruning would look at Cilium's protocol).
 		return nil
 	}
-	_, err := reconciler.Register(
+	_, err = reconciler.Register(
 		p.Reconcile, p.Routes,
 		(*Route).Clone, (*Route).SetStatus, (*Route).GetStatus,
 		&routeOps{nl: p.Netlink}, nil,

@@ -151,27 +151,8 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		e.Pool = append(e.Pool, ip)
 	}
 
-	for _, ipStr := range slices.Sorted(maps.Keys(f.Status.IPAM.Used)) {
-		entry := f.Status.IPAM.Used[ipStr]
-		field := fmt.Sprintf("status.ipam.used[%s]", ipStr)
-		ip, err := netip.ParseAddr(ipStr)
-		if err != nil || ip.Zone() != "" || ip.Is4In6() {
-			return nil, fmt.Errorf("%s: %q is not an IP address", field, ipStr)
-		}
-		e, ok := byID[entry.Resource]
-		switch {
-		case !ok:
-			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: ENI %q is not in status.eni.enis: its rules are not kept", field, entry.Resource))
-		case !slices.Contains(e.Pool, ip):
-			n.Warnings = append(n.Warnings, fmt.Sprintf("%s: %s is not in the pool of %s: its rules are not kept", field, ip, e.ID))
-		default:
-			e.Used = append(e.Used, UsedIP{IP: ip, Owner: entry.Owner})
-		}
-	}
-
 	for _, e := range byID {
 		slices.SortFunc(e.Pool, netip.Addr.Compare)
-		slices.SortFunc(e.Used, func(a, b UsedIP) int { return a.IP.Compare(b.IP) })
 		slices.SortFunc(e.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 		n.ENIs = append(n.ENIs, e)
 	}
@@ -289,6 +270,26 @@ func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
 			return nil, nil, fmt.Errorf("%s.vpc.cidrs[%d]: %q is not a CIDR", field, i, s)
 		}
 		e.VPCCIDRs = append(e.VPCCIDRs, p.Masked())
+	}
+	for i, s := range st.Addresses {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return nil, nil, fmt.Errorf("%s.addresses[%d]: %q is not an IP address", field, i, s)
+		}
+		e.Addresses = append(e.Addresses, a.Unmap())
+	}
+	slices.SortFunc(e.Addresses, netip.Addr.Compare)
+	for _, list := range []struct {
+		name     string
+		prefixes []string
+	}{{"prefixes", st.Prefixes}, {"ipv6-prefixes", st.IPv6Prefixes}} {
+		for i, s := range list.prefixes {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s.%s[%d]: %q is not a CIDR", field, list.name, i, s)
+			}
+			e.Prefixes = append(e.Prefixes, p.Masked())
+		}
 	}
 	return e, warnings, nil
 }

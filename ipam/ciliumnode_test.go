@@ -182,30 +182,54 @@ func FuzzParseCiliumNode(f *testing.F) {
 	})
 }
 
-// status.ipam.used (written by Cilium's IPAM) lands on the ENI of each IP;
-// an IP of another ENI or outside the pool is a warning, not a pod.
-func TestParseCiliumNodeUsed(t *testing.T) {
-	node := minimalNode + `  ipam:
+// The IPs an ENI holds (status.eni.enis[].ip, addresses, prefixes and
+// ipv6-prefixes) are what Cilium's ENI IPAM places an IP by; a value that is
+// not an address or a CIDR is refused naming its field. status.ipam.used,
+// which Cilium v1.20 clears, is a known field and not read.
+func TestParseCiliumNodeAddresses(t *testing.T) {
+	node := `
+spec: {}
+status:
+  ipam:
     used:
       10.0.1.5: {owner: shop/db-0, resource: eni-1}
-      10.0.1.6: {owner: shop/db-1, resource: eni-1}
-      10.0.1.7: {owner: shop/db-2, resource: eni-9}
+  eni:
+    enis:
+      eni-1:
+        id: eni-1
+        ip: 10.0.1.4
+        mac: "0a:58:0a:82:64:0a"
+        subnet: {cidr: 10.0.0.0/20}
+        addresses: [10.0.1.6, 10.0.1.5]
+        prefixes: [10.0.2.16/28]
+        ipv6-prefixes: ["2600:1f14::/80"]
 `
 	n, err := ParseCiliumNode("f", []byte(node))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []UsedIP{{IP: netip.MustParseAddr("10.0.1.5"), Owner: "shop/db-0"}}
-	if got := n.ENIs[0].Used; !slices.Equal(got, want) {
-		t.Errorf("used %v, want %v", got, want)
+	e := n.ENIs[0]
+	if want := []netip.Addr{netip.MustParseAddr("10.0.1.5"), netip.MustParseAddr("10.0.1.6")}; !slices.Equal(e.Addresses, want) {
+		t.Errorf("addresses %v, want %v (sorted)", e.Addresses, want)
 	}
-	if len(n.Warnings) != 2 || !strings.Contains(n.Warnings[0], "status.ipam.used[10.0.1.6]: 10.0.1.6 is not in the pool of eni-1") ||
-		!strings.Contains(n.Warnings[1], `status.ipam.used[10.0.1.7]: ENI "eni-9" is not in status.eni.enis`) {
-		t.Errorf("warnings %q", n.Warnings)
+	for ip, want := range map[string]bool{
+		"10.0.1.4": true, "10.0.1.5": true, "10.0.1.6": true, "10.0.2.17": true, "2600:1f14::5": true,
+		"10.0.1.7": false, "10.0.2.32": false, "2600:1f14:0:0:1::": false,
+	} {
+		if got := e.Holds(netip.MustParseAddr(ip)); got != want {
+			t.Errorf("eni-1 holds %s: %t, want %t", ip, got, want)
+		}
 	}
-	if _, err := ParseCiliumNode("f", []byte(minimalNode+"  ipam:\n    used:\n      10.0.1.500: {owner: a/b, resource: eni-1}\n")); err == nil ||
-		!strings.Contains(err.Error(), `status.ipam.used[10.0.1.500]: "10.0.1.500" is not an IP address`) {
-		t.Errorf("bad used IP: %v", err)
+	for _, tc := range []struct{ field, value string }{
+		{"addresses", "10.0.1.500"},
+		{"prefixes", "10.0.2.16"},
+		{"ipv6-prefixes", "2600:1f14::/129"},
+	} {
+		bad := strings.Replace(minimalNode, "number: 0,", "number: 0, "+tc.field+": [\""+tc.value+"\"],", 1)
+		_, err := ParseCiliumNode("f", []byte(bad))
+		if want := "status.eni.enis[eni-1]." + tc.field + "[0]: \"" + tc.value + "\""; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s %q: %v, want an error naming %s", tc.field, tc.value, err, want)
+		}
 	}
 }
 

@@ -80,8 +80,11 @@ type ciliumNodeStatus struct {
 		ENIs map[string]eniStatus `json:"enis"`
 	} `json:"eni"`
 	IPAM struct {
-		Used map[string]allocationIP `json:"used"`
-
+		// Used is what Cilium's CRD allocator (before v1.20) and enimasq's
+		// own allocator report; Cilium v1.20's ENI multi-pool IPAM clears
+		// it. Not read: enimasq's pod set is its own allocations, or
+		// Cilium's endpoints in the Cilium build.
+		Used             json.RawMessage `json:"used"`
 		IPv6Used         json.RawMessage `json:"ipv6-used"`
 		PodCIDRs         json.RawMessage `json:"pod-cidrs"`
 		OperatorStatus   json.RawMessage `json:"operator-status"`
@@ -110,9 +113,9 @@ type eniStatus struct {
 
 	AvailabilityZone string          `json:"availability-zone"`
 	Description      string          `json:"description"`
-	Addresses        json.RawMessage `json:"addresses"`
-	Prefixes         json.RawMessage `json:"prefixes"`
-	IPv6Prefixes     json.RawMessage `json:"ipv6-prefixes"`
+	Addresses        []string        `json:"addresses"`
+	Prefixes         []string        `json:"prefixes"`
+	IPv6Prefixes     []string        `json:"ipv6-prefixes"`
 	SecurityGroups   json.RawMessage `json:"security-groups"`
 	Tags             json.RawMessage `json:"tags"`
 	PublicIP         string          `json:"public-ip"`

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -27,10 +27,11 @@ import (
 // only while the kernel holds it. The periodic refresh stays as the safety
 // net (for a lost notification).
 //
-// With Cilium's IPAM, only the rules of pods Cilium still routes (their
-// ingress rule is there) are repaired: cilium-cni's DEL removes a pod's
-// rules before the CiliumNode's status drops the pod, and they must not
-// come back meanwhile.
+// A rule added or deleted by anyone also prunes at once (pruneNow: the
+// reconciler's Prune, at most every minPruneGap): a rule of ours that no row
+// desires goes as it appears (an embedding agent's restore, a CNI ADD with
+// the CIDRs of an older config, a rule added by hand), and the rules an
+// endpoint's deletion leaves behind go as its ingress rule goes.
 type ruleRepair struct {
 	log      *slog.Logger
 	db       *statedb.DB
@@ -39,6 +40,8 @@ type ruleRepair struct {
 	nl       *nlHandle
 	settings Settings
 	changes  NetlinkChanges
+	// pruneNow triggers the rule reconciler's prune.
+	pruneNow func()
 
 	// subscribed is closed by subscribe; then sub is set, or subErr.
 	subscribed chan struct{}
@@ -70,6 +73,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	sub := r.sub
 
 	deleted := make(chan struct{}, 1)       // a rule went
+	ruleChanged := make(chan struct{}, 1)   // a rule came or went
 	routesChanged := make(chan struct{}, 1) // a route went, a link came or went
 	readerDone := make(chan struct{})
 	go func() {
@@ -84,13 +88,17 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 			}
 			for _, c := range changes {
 				switch c {
+				case RuleAdded:
+					notify(ruleChanged)
 				case RuleDeleted:
 					notify(deleted)
+					notify(ruleChanged)
 				case RouteDeleted, LinkChanged, LinkDeleted:
 					notify(routesChanged)
 				case ChangesLost:
 					// Notifications were lost: check everything.
 					notify(deleted)
+					notify(ruleChanged)
 					notify(routesChanged)
 				}
 			}
@@ -102,10 +110,16 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	}()
 
 	health.OK("Watching rule, route and link changes")
+	var pruneGap <-chan time.Time // set while the last prune is too recent
+	prunePending := false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-ruleChanged:
+			prunePending = true
+		case <-pruneGap:
+			pruneGap = nil
 		case <-readerDone:
 			err := errors.New("the notification socket failed")
 			health.Degraded("no kernel notifications any more: deleted rules and routes come back at the refresh only", err)
@@ -126,8 +140,18 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 				health.OK("Watching rule, route and link changes")
 			}
 		}
+		if prunePending && pruneGap == nil && r.pruneNow != nil {
+			prunePending = false
+			r.pruneNow()
+			pruneGap = time.After(minPruneGap)
+		}
 	}
 }
+
+// minPruneGap bounds the prunes that rule changes trigger: a burst of
+// changes (the reconciler's own adds among them) costs one rule listing per
+// gap.
+const minPruneGap = 50 * time.Millisecond
 
 // repairRoutes marks Pending the rows whose route is missing while their
 // ENI's link is there, and Error (naming the link) the rows whose link is
@@ -193,7 +217,6 @@ func notify(ch chan struct{}) {
 // returns how many.
 func (r *ruleRepair) repair() (int, error) {
 	present := map[RuleKey]bool{}
-	routed := map[netip.Addr]bool{} // pods with an ingress rule
 	for _, fam := range r.nl.families {
 		rules, err := listAll(func() ([]netlink.Rule, error) { return r.nl.RuleList(fam) })
 		if err != nil {
@@ -204,9 +227,6 @@ func (r *ruleRepair) repair() (int, error) {
 			if plain && int(rules[i].Protocol) == r.settings.PodRules.Protocol {
 				present[k] = true
 			}
-			if k.Priority == r.settings.PodRules.IngressPriority && k.To.IsValid() && k.To.IsSingleIP() && !k.From.IsValid() {
-				routed[k.To.Addr()] = true
-			}
 		}
 	}
 	wtxn := r.db.WriteTxn(r.rules)
@@ -214,9 +234,6 @@ func (r *ruleRepair) repair() (int, error) {
 	var missing []*Rule
 	for row := range r.rules.All(wtxn) {
 		if row.Status.Kind != reconciler.StatusKindDone || present[row.RuleKey] {
-			continue
-		}
-		if !r.settings.OwnsAllocations() && !routed[row.Pod] {
 			continue
 		}
 		missing = append(missing, row)

@@ -268,22 +268,20 @@ func (o *ruleOps) exact(k RuleKey, family int) (present bool, blocking string, e
 func (o *ruleOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, r *Rule) error {
 	if !o.settings.OwnsAllocations() {
 		if _, _, allocated := o.allocs.Get(txn, AllocationIPIndex.Query(r.Pod)); !allocated {
-			// The pod has left status.ipam.used. Its rules go only once
-			// Cilium is done with it: cilium-cni's DEL removes the ingress
-			// rule first, then the egress rules of the CIDRs it knew, which
-			// after a config edit are not all of them. While the ingress rule
-			// is there the pod still runs (a CiliumNode that lost it for a
-			// moment, or a new pod that got the IP before the status caught
-			// up): the delete fails and is retried with backoff, so the
-			// rules are removed once the DEL has run, and health says why
-			// meanwhile.
+			// The embedding agent no longer lists the IP. Its rules go
+			// once the agent no longer routes to it: Cilium removes an
+			// endpoint's ingress rule before it drops the endpoint, so
+			// while the ingress rule is there the IP is in use (a new pod
+			// that got the IP, its endpoint not created yet). The delete
+			// fails and is retried with backoff meanwhile, and health says
+			// why.
 			alive, err := o.podRouted(r.Pod)
 			if err != nil {
 				return err
 			}
 			if alive {
-				return fmt.Errorf("ip rule del %q: pod %s is no longer in the CiliumNode's status.ipam.used, "+
-					"but Cilium still routes to it (its priority-%d rule is in place): kept until its CNI DEL",
+				return fmt.Errorf("ip rule del %q: %s is no longer allocated by the embedding agent, "+
+					"but it still routes to it (its priority-%d rule is in place): kept until that rule goes",
 					r.IPRule(), r.Pod, o.settings.PodRules.IngressPriority)
 			}
 		}
@@ -295,39 +293,61 @@ func (o *ruleOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revis
 	return fmt.Errorf("ip rule del %q: %w", r.IPRule(), err)
 }
 
-// podRouted says whether Cilium's ingress rule of pod ("20: to <pod> lookup
-// main", any protocol) is in the kernel.
+// podRouted says whether the embedding agent's ingress rule of pod ("20:
+// to <pod> lookup main", any protocol) is in the kernel.
 func (o *ruleOps) podRouted(pod netip.Addr) (bool, error) {
 	rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(addrFamily(pod)) })
 	if err != nil {
 		return false, fmt.Errorf("ip rule list: %w", err)
 	}
-	host := netip.PrefixFrom(pod, pod.BitLen())
+	return o.settings.routed(rules)[pod], nil
+}
+
+// routed are the IPs that have an ingress rule ("<prio>: to <ip> lookup
+// main", any protocol) among rules.
+func (s Settings) routed(rules []netlink.Rule) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
 	for i := range rules {
 		k, _ := ruleKeyOf(&rules[i])
-		if k.Priority == o.settings.PodRules.IngressPriority && k.To == host && !k.From.IsValid() {
-			return true, nil
+		if k.Priority == s.PodRules.IngressPriority && k.Table == MainTable && !k.From.IsValid() && k.To.IsValid() && k.To.IsSingleIP() {
+			out[k.To.Addr()] = true
 		}
 	}
-	return false, nil
+	return out
 }
 
 // Prune deletes the kernel rules enimasq owns (ownsRule) that no row
 // desires. Rules of any other protocol or shape are never looked at twice.
-// With Cilium's IPAM, only the rules of the pods the table knows are pruned:
-// a pod that cilium-cni has just created, and that the CiliumNode does not
-// list yet, keeps the rules cilium-cni wrote.
-func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Rule, statedb.Revision]) error {
+//
+// With the embedding agent's IPAM, the owned-shape rules are pruned for the
+// IPs it allocated (ipam-allocations), and for IPs it no longer routes to
+// (no ingress rule) that it does not list: what an endpoint's deletion, or
+// a restart after an edit, left behind. An IP it routes to and does not list
+// yet (a pod between cilium-cni's ADD and its endpoint) keeps the rules
+// cilium-cni wrote.
+func (o *ruleOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.Seq2[*Rule, statedb.Revision]) error {
 	desired := map[RuleKey]bool{}
-	pods := map[netip.Addr]bool{}
 	for r := range objects {
 		desired[r.RuleKey] = true
-		pods[r.Pod] = true
 	}
-	rules, err := listRules(o.nl, o.nl.families, o.settings.ownsRule)
-	if err != nil {
-		return err
+	var all []netlink.Rule
+	for _, fam := range o.nl.families {
+		rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(fam) })
+		if err != nil {
+			return fmt.Errorf("ip rule list: %w", err)
+		}
+		all = append(all, rules...)
 	}
+	inScope := func(netip.Addr) bool { return true }
+	if !o.settings.OwnsAllocations() {
+		routed := o.settings.routed(all)
+		inScope = func(ip netip.Addr) bool {
+			_, _, allocated := o.allocs.Get(txn, AllocationIPIndex.Query(ip))
+			return allocated || !routed[ip]
+		}
+	}
+	rules := slices.DeleteFunc(all, func(r netlink.Rule) bool { return !o.settings.ownsRule(&r) })
+	slices.SortStableFunc(rules, func(a, b netlink.Rule) int { return a.Priority - b.Priority })
 	var (
 		errs  []error
 		loose []netlink.Rule // stale rules without a destination
@@ -338,7 +358,7 @@ func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[
 		if plain && desired[k] {
 			continue
 		}
-		if !o.settings.OwnsAllocations() && !pods[k.From.Addr()] {
+		if !inScope(k.From.Addr()) {
 			continue
 		}
 		if !k.To.IsValid() {

@@ -110,6 +110,7 @@ func NewResult(ip netip.Addr, eni *ENI, nonMasq []netip.Prefix, s Settings) Allo
 
 // Pool is the set of IPs handed out: spec.ipam.pool on usable ENIs.
 type Pool struct {
+	byID  map[string]*ENI
 	byIP  map[netip.Addr]*ENI
 	order []netip.Addr // by ENI number, ENI ID, then address
 	// skipped maps the IPs of unusable ENIs to their ENI, for errors.
@@ -126,8 +127,9 @@ func NewPool(enis []*ENI) Pool {
 		}
 		return cmp.Compare(a.ID, b.ID)
 	})
-	p := Pool{byIP: map[netip.Addr]*ENI{}, skipped: map[netip.Addr]*ENI{}}
+	p := Pool{byID: map[string]*ENI{}, byIP: map[netip.Addr]*ENI{}, skipped: map[netip.Addr]*ENI{}}
 	for _, e := range sorted {
+		p.byID[e.ID] = e
 		for _, ip := range e.Pool {
 			if !e.Usable() {
 				p.skipped[ip] = e
@@ -147,6 +149,21 @@ func NewPool(enis []*ENI) Pool {
 func (p Pool) ENI(ip netip.Addr) (*ENI, bool) {
 	e, ok := p.byIP[ip]
 	return e, ok
+}
+
+// placed is the ENI whose table the rules of a use: the usable ENI its
+// allocator placed it on (enimasq's from the pool, the embedding agent's by
+// the ENI's addresses: ExternalAllocations), none when it is orphaned, and
+// the pool's when it is not placed yet.
+func (p Pool) placed(a *Allocation) (*ENI, bool) {
+	switch {
+	case a.State == StateOrphaned:
+		return nil, false
+	case a.State == StateAllocated && a.ENI != "":
+		e, ok := p.byID[a.ENI]
+		return e, ok && e.Usable()
+	}
+	return p.ENI(a.IP)
 }
 
 // Len is the number of IPs in the pool.
@@ -242,15 +259,15 @@ type Desired struct {
 	Routes []*Route
 }
 
-// ComputeDesired returns the rules of every allocation whose IP is in the
-// pool (and of a family the node runs) and the routes of every ENI with at
+// ComputeDesired returns the rules of every allocation placed on a usable
+// ENI (Pool.placed; of a family the node runs) and the routes of every ENI with at
 // least one such allocation. nonMasq are the non-masquerade CIDRs in effect.
 func ComputeDesired(allocs []*Allocation, pool Pool, nonMasq []netip.Prefix, s Settings) Desired {
 	var d Desired
 	withPods := map[string]*ENI{}
 	cidrsOf := map[string][]netip.Prefix{} // by ENI ID and family
 	for _, a := range allocs {
-		eni, ok := pool.ENI(a.IP)
+		eni, ok := pool.placed(a)
 		if !ok || !s.FamilyEnabled(a.IP) {
 			continue
 		}

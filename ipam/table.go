@@ -51,10 +51,12 @@ type ENI struct {
 	VPCCIDRs       []netip.Prefix
 	// Pool are the spec.ipam.pool IPs whose resource is this ENI, sorted.
 	Pool []netip.Addr
-	// Used are the status.ipam.used IPs whose resource is this ENI, sorted
-	// by IP: the pods of Cilium's IPAM (read only with
-	// nodeconfig.AllocatorCilium; enimasq's own allocator writes them).
-	Used []UsedIP `json:",omitempty"`
+	// Addresses are the ENI's secondary IPs (status.eni.enis[].addresses),
+	// sorted; Prefixes its delegated prefixes (prefixes, ipv6-prefixes).
+	// With them and the primary IP, they are the IPs the ENI holds, as
+	// Cilium's ENI IPAM places an IP (Holds).
+	Addresses []netip.Addr   `json:",omitempty"`
+	Prefixes  []netip.Prefix `json:",omitempty"`
 	// Skipped says why the ENI hands out no IPs ("" when it does):
 	// its number is below first-interface-index.
 	Skipped string `json:",omitempty"`
@@ -90,14 +92,23 @@ func (e *ENI) VPCCIDRsAll() []netip.Prefix {
 func (e *ENI) Equal(o *ENI) bool {
 	return e.ID == o.ID && e.Number == o.Number && e.MAC == o.MAC && e.PrimaryIP == o.PrimaryIP &&
 		e.Subnet == o.Subnet && e.Gateway == o.Gateway && e.VPCPrimaryCIDR == o.VPCPrimaryCIDR &&
-		slices.Equal(e.VPCCIDRs, o.VPCCIDRs) && slices.Equal(e.Pool, o.Pool) && slices.Equal(e.Used, o.Used) &&
+		slices.Equal(e.VPCCIDRs, o.VPCCIDRs) && slices.Equal(e.Pool, o.Pool) &&
+		slices.Equal(e.Addresses, o.Addresses) && slices.Equal(e.Prefixes, o.Prefixes) &&
 		e.Skipped == o.Skipped && slices.Equal(e.Refused, o.Refused)
 }
 
-// UsedIP is an IP of status.ipam.used: in use by owner (namespace/pod).
-type UsedIP struct {
-	IP    netip.Addr
-	Owner string
+// Holds says whether the ENI holds ip: its primary IP, one of its
+// addresses or inside one of its delegated prefixes (Cilium's
+// eniContainsIP, pkg/ipam/eni.go, which picks the ENI of an allocation
+// result and so the route table of the IP's egress rules).
+func (e *ENI) Holds(ip netip.Addr) bool {
+	if ip == e.PrimaryIP {
+		return true
+	}
+	if _, found := slices.BinarySearchFunc(e.Addresses, ip, netip.Addr.Compare); found {
+		return true
+	}
+	return slices.ContainsFunc(e.Prefixes, func(p netip.Prefix) bool { return p.Contains(ip) })
 }
 
 func (e *ENI) TableHeader() []string {

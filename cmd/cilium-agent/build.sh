@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Cilium v1.20.2's cilium-agent with enimasq's cells (this module) into
-# OUT (default bin/cilium-agent), and caches it the way test/k8stest caches the
+# OUT (default bin/cilium-agent), with Cilium's own cilium-cni, cilium-dbg
+# and cilium-health-responder (the module's tools) beside it, and caches them the way test/k8stest caches the
 # API server: the binary is kept in ${XDG_CACHE_HOME:-~/.cache}/enimasq/
 # cilium-agent with a stamp holding the hash of both modules' go.mod and
 # go.sum and of every non-test Go source; an unchanged tree copies it in well
@@ -21,15 +22,39 @@ flock 9
 
 stamp="$(cd "$root" && find . -path ./.git -prune -o \( -name '*.go' ! -name '*_test.go' -o -name go.mod -o -name go.sum \) -type f -print |
 	LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
-if [ -x "$dir/cilium-agent" ] && [ "$(cat "$dir/cilium-agent.stamp" 2>/dev/null)" = "$stamp" ]; then
+outdir="$(dirname "$out")"
+# NAME PACKAGE: the agent, then the tools of go.mod, named as Cilium's image
+# names them (cilium-health-responder is in the agent's PATH).
+bins=(
+	"cilium-agent ."
+	"cilium-cni github.com/cilium/cilium/plugins/cilium-cni"
+	"cilium-dbg github.com/cilium/cilium/cilium-dbg"
+	"cilium-health-responder github.com/cilium/cilium/cilium-health/responder"
+)
+copy_out() {
 	cp -f "$dir/cilium-agent" "$out"
-	echo "cilium-agent: cached in $dir"
+	for b in "${bins[@]:1}"; do
+		cp -f "$dir/${b%% *}" "$outdir/"
+	done
+}
+cached() {
+	[ "$(cat "$dir/cilium-agent.stamp" 2>/dev/null)" = "$stamp" ] || return 1
+	for b in "${bins[@]}"; do
+		[ -x "$dir/${b%% *}" ] || return 1
+	done
+}
+if cached; then
+	copy_out
+	echo "cilium-agent, cilium-cni, cilium-dbg, cilium-health-responder: cached in $dir"
 	exit 0
 fi
 echo "cilium-agent: building $here into $out (cold: 10-20 minutes)"
 start=$SECONDS
-(cd "$here" && "$GO" build -o "$dir/.cilium-agent.tmp" .)
-mv -f "$dir/.cilium-agent.tmp" "$dir/cilium-agent"
+for b in "${bins[@]}"; do
+	name="${b%% *}" pkg="${b#* }"
+	(cd "$here" && "$GO" build -o "$dir/.$name.tmp" "$pkg")
+	mv -f "$dir/.$name.tmp" "$dir/$name"
+done
 echo "$stamp" >"$dir/cilium-agent.stamp"
-cp -f "$dir/cilium-agent" "$out"
-echo "cilium-agent: built in $((SECONDS - start))s"
+copy_out
+echo "cilium-agent and Cilium's tools: built in $((SECONDS - start))s"

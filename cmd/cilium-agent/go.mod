@@ -103,6 +103,7 @@ require (
 	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/jeremywohl/flatten v1.0.1 // indirect
 	github.com/josharian/native v1.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/k-sone/critbitgo v1.4.0 // indirect
@@ -186,6 +187,8 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/api v0.36.4 // indirect
 	k8s.io/apiextensions-apiserver v0.36.4 // indirect
+	k8s.io/apiserver v0.36.4 // indirect
+	k8s.io/component-base v0.36.4 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect
@@ -204,3 +207,9 @@ replace github.com/enimasq/enimasq => ../..
 // Cilium v1.20.2 uses a private fork of controller-tools; a replace does not
 // carry over to a module that requires Cilium, so it is repeated here.
 replace sigs.k8s.io/controller-tools => github.com/cilium/controller-tools v0.21.0-1
+
+tool (
+	github.com/cilium/cilium/cilium-dbg
+	github.com/cilium/cilium/cilium-health/responder
+	github.com/cilium/cilium/plugins/cilium-cni
+)

@@ -22,4 +22,6 @@ var Cell = cell.Module(
 
 	cells.Features,
 	cell.Provide(newEnimasqMetrics),
+	// ipam-allocations from Cilium's endpoints and router IP (podset.go).
+	cell.Invoke(registerPodSet),
 )
