@@ -52,12 +52,13 @@ test-unprivileged: build
 	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 10m -exec '$(UNPRIVILEGED)' ./...
 
 # The Cilium module's tests: Cilium's agent command with enimasq's cells (every
-# flag once, 'cilium-agent hive' constructs) and a privileged test of
-# ciliumlink in a hive of Cilium's own cells. Without -race: the race build of
+# flag once, 'cilium-agent hive' constructs) and the whole agent started
+# (agenttest: bin/cilium-agent with Cilium's cilium-cni and cilium-dbg against
+# the real API server; needs clang, llc and iptables, which .ci/run installs). Without -race: the race build of
 # Cilium's packages would double a cold CI run; enimasq's code is race-tested
 # by the main module's tests above.
-test-cilium:
-	cd $(CILIUM_AGENT_DIR) && $(GO) vet ./... && GO=$(GO) $(GO) test -count=1 -timeout 30m ./...
+test-cilium: cilium-agent k8s-bins
+	cd $(CILIUM_AGENT_DIR) && $(GO) vet ./... && GO=$(GO) ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 30m ./...
 
 # The process benchmarks (test/) run the binaries of bin/, built without
 # -race (the tests' own build has it).

@@ -64,7 +64,8 @@ func TestFlagsAgainstCilium(t *testing.T) {
 	}
 }
 
-// TestAgentBinary builds bin/cilium-agent as make cilium-agent does and runs
+// TestAgentBinary builds bin/cilium-agent as make cilium-agent does (or takes
+// $ENIMASQ_BIN/cilium-agent, which make test-cilium has just built) and runs
 // `cilium-agent hive` (constructs every cell and invoke, starts nothing) and
 // `cilium-agent --help` (every flag listed once).
 func TestAgentBinary(t *testing.T) {
@@ -72,9 +73,12 @@ func TestAgentBinary(t *testing.T) {
 	if goTool == "" {
 		goTool = "go"
 	}
-	bin := filepath.Join(t.TempDir(), "cilium-agent")
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	bin := filepath.Join(os.Getenv("ENIMASQ_BIN"), "cilium-agent")
+	if os.Getenv("ENIMASQ_BIN") == "" {
+		bin = filepath.Join(t.TempDir(), "cilium-agent")
+		if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
 	}
 
 	hiveCmd := exec.Command(bin, "hive")
