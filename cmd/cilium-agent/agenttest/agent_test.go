@@ -126,6 +126,7 @@ func newAgent(t *testing.T, b bins, n *node, cluster *k8stest.Cluster, bpfRoot, 
 		"--lib-dir=" + libDir,
 		"--cgroup-root=" + filepath.Join(dir, "cgroup"),
 		"--ipam=eni",
+		"--eni-first-interface-index=1", // what the agent writes into the CiliumNode's spec.eni
 		"--routing-mode=native",
 		"--ipv4-native-routing-cidr=" + vpcCIDR.String(),
 		"--enable-ipv4=true",
@@ -243,6 +244,7 @@ func (a *agent) dbgErr(args ...string) (string, error) {
 	if args[0] == "shell" {
 		cmd = exec.Command(a.b.dbg, append([]string{"shell", "--shell-sock-path=" + a.shellSock, "--"}, args[1:]...)...)
 	}
+	cmd.Env = append(os.Environ(), "CILIUM_SOCK="+a.sock) // some commands ignore -H
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -309,7 +311,7 @@ func (a *agent) cni(command string, p *pod) (string, error) {
 		"CNI_NETNS=/run/netns/"+p.netns,
 		"CNI_IFNAME=eth0",
 		"CNI_PATH="+a.b.dir,
-		"CNI_ARGS=K8S_POD_NAMESPACE="+p.namespace+";K8S_POD_NAME="+p.name+";K8S_POD_INFRA_CONTAINER_ID="+p.containerID,
+		"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+p.namespace+";K8S_POD_NAME="+p.name+";K8S_POD_INFRA_CONTAINER_ID="+p.containerID,
 		"CILIUM_SOCK="+a.sock,
 	)
 	cmd.Stdin = bytes.NewReader(data)

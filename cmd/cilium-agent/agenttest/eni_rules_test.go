@@ -39,6 +39,7 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 		cluster.InstallCRDs(t, filepath.Join(mod, "pkg", "k8s", "apis", "cilium.io", "client", "crds", v))
 	}
 	n := newNode(t)
+	n.forwardAPIServer(t, cluster.Server)
 	cluster.MustApply(t, objects()...)
 	libDir := filepath.Join(t.TempDir(), "lib")
 	copyTree(t, filepath.Join(mod, "bpf"), filepath.Join(libDir, "bpf"))
@@ -334,7 +335,7 @@ func checkUsedMetric(t *testing.T, a *agent) {
 		if err != nil {
 			return false, err.Error()
 		}
-		out, err := a.dbgErr("metrics", "list", "-o", "json", "-p", "enimasq_ipam_ips")
+		out, err := a.dbgErr("metrics", "list", "-o", "json", "-p", "enimasq_ipam_ips", "--shell-sock-path="+a.shellSock)
 		if err != nil {
 			return false, out
 		}

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"runtime"
@@ -171,11 +173,9 @@ func newNode(t *testing.T) *node {
 	return n
 }
 
-// serveMetadata serves the instance metadata (IMDSv2) on
-// 169.254.169.254:80 in the vpc namespace: the listening socket is made on
-// a thread in that namespace and stays there.
-func (n *node) serveMetadata(t *testing.T, ns netns.NsHandle) {
-	t.Helper()
+// listenIn listens on addr in the network namespace ns: the socket is made
+// on a thread in ns and stays there.
+func listenIn(ns netns.NsHandle, addr string) (net.Listener, error) {
 	type result struct {
 		l   net.Listener
 		err error
@@ -187,12 +187,62 @@ func (n *node) serveMetadata(t *testing.T, ns netns.NsHandle) {
 			ch <- result{err: err}
 			return
 		}
-		l, err := net.Listen("tcp", imdsAddr+":80")
+		l, err := net.Listen("tcp", addr)
 		ch <- result{l, err}
 	}()
 	r := <-ch
-	if r.err != nil {
-		t.Fatalf("metadata service: %s", r.err)
+	return r.l, r.err
+}
+
+// forwardAPIServer makes the API server, which listens on the machine's
+// loopback, reachable on the same address from the node namespace, so that
+// the agent's kubeconfig (and its certificate) hold there too.
+func (n *node) forwardAPIServer(t *testing.T, server string) {
+	t.Helper()
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	l, err := listenIn(ns, u.Host)
+	if err != nil {
+		t.Fatalf("listen on %s in the node namespace: %s", u.Host, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", u.Host) // from the test's namespace
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(up, c); done <- struct{}{} }()
+				go func() { io.Copy(c, up); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+}
+
+// serveMetadata serves the instance metadata (IMDSv2) on
+// 169.254.169.254:80 in the vpc namespace: the listening socket is made on
+// a thread in that namespace and stays there.
+func (n *node) serveMetadata(t *testing.T, ns netns.NsHandle) {
+	t.Helper()
+	l, err := listenIn(ns, imdsAddr+":80")
+	if err != nil {
+		t.Fatalf("metadata service: %s", err)
 	}
 	meta := map[string]string{
 		"instance-id":                 instanceID,
@@ -227,7 +277,7 @@ func (n *node) serveMetadata(t *testing.T, ns netns.NsHandle) {
 		fmt.Fprint(w, v)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(r.l)
+	go srv.Serve(l)
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
 }
 
