@@ -18,8 +18,9 @@
 // from the CiliumNode named after the node: source_k8s.go, same parser),
 // ipam-allocations (the allocator, checkpointed in the state dir and, with
 // the API server, reported in the CiliumNode's status.ipam.used:
-// status_k8s.go), eni-rules and eni-routes (desired state,
-// reconciled). Rules and routes carry the netlink protocol RTProto; pruning
+// status_k8s.go; or, linked into an agent whose own IPAM allocates, the
+// IPs that agent lists: external.go), eni-rules and eni-routes (desired
+// state, reconciled). Rules and routes carry the netlink protocol RTProto; pruning
 // removes only those, never the rules of aws-node, Cilium or an operator.
 //
 // Tests: the script tests in testdata run twice, on a FakeNetlink

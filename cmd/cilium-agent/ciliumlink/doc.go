@@ -18,8 +18,11 @@
 //   - ENI pod rules: Cilium's IPAM allocates and cilium-cni writes a pod's
 //     rules at ADD; enimasq keeps their egress rules (priority 111, table
 //     10+ENI number, proto kernel: what RoutingInfo.Configure writes in ENI
-//     mode) in step with the ip-masq-agent-cidrs table, for the pods that the
-//     local CiliumNode's status.ipam.used lists. Routes and ingress rules stay
-//     Cilium's alone.
+//     mode) in step with the ip-masq-agent-cidrs table, for the IPs Cilium
+//     configured rules for: its endpoints (pods and the health endpoint, as
+//     they are created, restored and deleted) and its router IP, each on the
+//     ENI whose addresses hold it (podset.go, through
+//     ipam.ExternalAllocations). Routes and ingress rules stay Cilium's
+//     alone; nothing of enimasq writes the CiliumNode.
 //   - PolicyEndpoint maps: enimasq's own maps, sources on Cilium's clientset.
 package ciliumlink
