@@ -61,9 +61,11 @@ test-cilium: cilium-agent k8s-bins
 	cd $(CILIUM_AGENT_DIR) && $(GO) vet ./... && GO=$(GO) ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 30m ./...
 
 # The process benchmarks (test/) run the binaries of bin/, built without
-# -race (the tests' own build has it).
-bench: build
+# -race (the tests' own build has it); the Cilium module's benchmark starts the
+# whole cilium-agent, with and without enimasq's cells.
+bench: build cilium-agent k8s-bins
 	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
+	cd $(CILIUM_AGENT_DIR) && ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -run '^$$' -bench . -benchtime 5x -timeout 30m ./...
 
 demo: build
 	SAMPLES=$(SAMPLES) ./test/demo.sh

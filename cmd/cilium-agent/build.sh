@@ -30,6 +30,8 @@ bins=(
 	"cilium-cni github.com/cilium/cilium/plugins/cilium-cni"
 	"cilium-dbg github.com/cilium/cilium/cilium-dbg"
 	"cilium-health-responder github.com/cilium/cilium/cilium-health/responder"
+	# Cilium's own agent, without enimasq's cells: the baseline of make bench.
+	"cilium-agent-upstream github.com/cilium/cilium/daemon"
 )
 copy_out() {
 	cp -f "$dir/cilium-agent" "$out"

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,13 +23,14 @@ import (
 type bins struct {
 	dir                        string
 	agent, cni, dbg, responder string
+	upstream                   string // Cilium's agent without enimasq's cells
 	llvm                       string // clang and llc
 }
 
 // findBins finds the binaries and the tools Cilium's agent needs at run time
 // (clang and llc, iptables). Missing, the test is skipped, or fails when
 // make test runs it ($ENIMASQ_REQUIRE_K8S).
-func findBins(t *testing.T) bins {
+func findBins(t testing.TB) bins {
 	t.Helper()
 	fail := t.Skipf
 	if os.Getenv(k8stest.RequireEnv) != "" {
@@ -39,7 +41,8 @@ func findBins(t *testing.T) bins {
 		fail("$ENIMASQ_BIN is not set: run make test-cilium (make cilium-agent builds the binaries)")
 	}
 	b := bins{dir: dir, agent: filepath.Join(dir, "cilium-agent"), cni: filepath.Join(dir, "cilium-cni"),
-		dbg: filepath.Join(dir, "cilium-dbg"), responder: filepath.Join(dir, "cilium-health-responder")}
+		dbg: filepath.Join(dir, "cilium-dbg"), responder: filepath.Join(dir, "cilium-health-responder"),
+		upstream: filepath.Join(dir, "cilium-agent-upstream")}
 	for _, p := range []string{b.agent, b.cni, b.dbg, b.responder} {
 		if !fileExists(p) {
 			fail("%s is missing: run make cilium-agent", p)
@@ -61,7 +64,7 @@ func findBins(t *testing.T) bins {
 }
 
 // ciliumModuleDir is the Cilium module's source, for its bpf/ and CRDs.
-func ciliumModuleDir(t *testing.T) string {
+func ciliumModuleDir(t testing.TB) string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/cilium/cilium").Output()
 	if err != nil {
@@ -72,7 +75,7 @@ func ciliumModuleDir(t *testing.T) string {
 
 // copyTree copies dir to dst (the module cache is read-only; Cilium writes
 // next to its bpf sources).
-func copyTree(t *testing.T, src, dst string) {
+func copyTree(t testing.TB, src, dst string) {
 	t.Helper()
 	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -97,7 +100,7 @@ func copyTree(t *testing.T, src, dst string) {
 // agent is bin/cilium-agent run as a user runs it, in the node namespace,
 // in a mount namespace of its own with a tmpfs over /run.
 type agent struct {
-	t          *testing.T
+	t          testing.TB
 	b          bins
 	node       *node
 	dir        string
@@ -108,9 +111,12 @@ type agent struct {
 	cmd        *exec.Cmd
 	log        *os.File
 	starts     int
+	// binary is bin/cilium-agent, or Cilium's own (upstream), which has
+	// none of enimasq's flags.
+	binary string
 }
 
-func newAgent(t *testing.T, b bins, n *node, cluster *k8stest.Cluster, bpfRoot, libDir string) *agent {
+func newAgent(t testing.TB, b bins, n *node, cluster *k8stest.Cluster, bpfRoot, libDir string) *agent {
 	dir := t.TempDir()
 	a := &agent{t: t, b: b, node: n, dir: dir,
 		sock:       filepath.Join(dir, "cilium.sock"),
@@ -143,12 +149,14 @@ func newAgent(t *testing.T, b bins, n *node, cluster *k8stest.Cluster, bpfRoot, 
 		"--enable-envoy-config=false",
 		"--devices=" + eni0.link(),
 		"--prometheus-serve-addr=",
-		// enimasq's netlink retries, faster than the defaults for a test.
-		"--eni-netlink-retry-min=20ms",
-		"--eni-netlink-retry-max=500ms",
 	}
+	a.binary = b.agent
 	return a
 }
+
+// enimasqFlags are enimasq's own flags: its netlink retries, faster than
+// the defaults for a test.
+var enimasqFlags = []string{"--eni-netlink-retry-min=20ms", "--eni-netlink-retry-max=500ms"}
 
 // start starts the agent and waits until cilium-dbg status says Cilium is
 // Ok.
@@ -167,7 +175,7 @@ func (a *agent) start() {
 	// nothing of the machine's is touched.
 	shell := `mount -t tmpfs tmpfs /run && exec "$@"`
 	a.cmd = exec.Command("ip", append([]string{"netns", "exec", a.node.name, "unshare", "--mount", "--propagation", "private",
-		"sh", "-c", shell, "sh", a.b.agent}, a.args...)...)
+		"sh", "-c", shell, "sh", a.binary}, a.flags()...)...)
 	a.cmd.Env = append(os.Environ(),
 		"PATH="+a.b.llvm+":"+a.b.dir+":"+os.Getenv("PATH"),
 		"K8S_NODE_NAME="+nodeName,
@@ -185,6 +193,13 @@ func (a *agent) start() {
 		return err == nil && strings.Contains(out, "Cilium:") && regexpCiliumOK(out), out
 	})
 	t.Logf("cilium-agent (start %d) Ok after %s", a.starts, time.Since(start).Round(time.Second))
+}
+
+func (a *agent) flags() []string {
+	if a.binary == a.b.upstream {
+		return a.args
+	}
+	return append(slices.Clone(a.args), enimasqFlags...)
 }
 
 func regexpCiliumOK(status string) bool {
@@ -269,7 +284,7 @@ func (a *agent) waitFor(what string, timeout time.Duration, cond func() (bool, s
 		if time.Now().After(deadline) {
 			a.t.Fatalf("%s: not after %s; last:\n%s", what, timeout, detail)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

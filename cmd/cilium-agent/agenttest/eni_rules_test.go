@@ -31,21 +31,9 @@ import (
 // modules healthy and its tables; and that enimasq writes nothing into the
 // CiliumNode.
 func TestPrivilegedCiliumAgent(t *testing.T) {
-	celltest.RequireRoot(t)
-	b := findBins(t)
-	cluster := k8stest.Start(t)
-	mod := ciliumModuleDir(t)
-	for _, v := range []string{"v2", "v2alpha1"} {
-		cluster.InstallCRDs(t, filepath.Join(mod, "pkg", "k8s", "apis", "cilium.io", "client", "crds", v))
-	}
-	n := newNode(t)
-	n.forwardAPIServer(t, cluster.Server)
-	cluster.MustApply(t, objects()...)
-	libDir := filepath.Join(t.TempDir(), "lib")
-	copyTree(t, filepath.Join(mod, "bpf"), filepath.Join(libDir, "bpf"))
-	bpfRoot := celltest.MountBPFFS(t)
-
-	a := newAgent(t, b, n, cluster, bpfRoot, libDir)
+	e := newEnv(t)
+	b, n, cluster, bpfRoot := e.bins, e.node, e.cluster, celltest.MountBPFFS(t)
+	a := newAgent(t, b, n, cluster, bpfRoot, e.libDir)
 	a.writeConfig("10.0.0.0/8", "192.168.0.0/16")
 	a.start()
 
@@ -71,7 +59,10 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 	a.waitFor("every IP's egress rules = the config", 10*time.Second, egressRulesAre(a, n, want, podA.ip, podB.ip))
 	if rows := a.dbg("shell", "db/show", "eni-rules"); !hasDoneRow(rows, podA.ip) {
 		t.Errorf("db/show eni-rules: no Done rule of pod A %s:\n%s", podA.ip, rows)
+	} else {
+		t.Logf("cilium-dbg shell -- db/show eni-rules:\n%s", rows)
 	}
+	t.Logf("cilium-dbg shell -- db/show ipam-allocations:\n%s", a.dbg("shell", "db/show", "ipam-allocations"))
 	checkUsedMetric(t, a)
 
 	// The edit: 192.168.0.0/16 goes, 172.16.0.0/12 and 100.64.0.0/10 come.
@@ -117,9 +108,35 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 	}
 }
 
+// env is what every start of the agent shares: the binaries, the API
+// server with Cilium's CRDs, the instance and its Node and CiliumNode, and
+// Cilium's bpf sources as --lib-dir.
+type env struct {
+	bins    bins
+	cluster *k8stest.Cluster
+	node    *node
+	libDir  string
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	celltest.RequireRoot(t)
+	e := &env{bins: findBins(t), cluster: k8stest.Start(t)}
+	mod := ciliumModuleDir(t)
+	for _, v := range []string{"v2", "v2alpha1"} {
+		e.cluster.InstallCRDs(t, filepath.Join(mod, "pkg", "k8s", "apis", "cilium.io", "client", "crds", v))
+	}
+	e.node = newNode(t)
+	e.node.forwardAPIServer(t, e.cluster.Server)
+	e.cluster.MustApply(t, objects()...)
+	e.libDir = filepath.Join(t.TempDir(), "lib")
+	copyTree(t, filepath.Join(mod, "bpf"), filepath.Join(e.libDir, "bpf"))
+	return e
+}
+
 // newPod creates the Pod object (the agent looks its labels up when
 // cilium-cni creates the endpoint) and its sandbox's network namespace.
-func newPod(t *testing.T, c *k8stest.Cluster, namespace, name string) *pod {
+func newPod(t testing.TB, c *k8stest.Cluster, namespace, name string) *pod {
 	t.Helper()
 	p := &pod{namespace: namespace, name: name, containerID: randomSuffix() + randomSuffix() + randomSuffix(),
 		netns: "enimasq-pod-" + randomSuffix()}
@@ -157,7 +174,7 @@ func desiredCIDRs(config []string) []netip.Prefix {
 
 // egressRules are the kernel's priority-111 rules from one address into an
 // ENI table, by source: what Cilium and enimasq write.
-func egressRules(t *testing.T, n *node) map[netip.Addr][]netip.Prefix {
+func egressRules(t testing.TB, n *node) map[netip.Addr][]netip.Prefix {
 	t.Helper()
 	rules, err := n.handle.RuleList(unix.AF_INET)
 	if err != nil {
@@ -234,7 +251,6 @@ func ciliumIPs(a *agent, n *node) ([]netip.Addr, error) {
 // egressRulesAre holds when the IPs with egress rules are exactly Cilium's
 // (pods among them) and each has exactly one rule per desired CIDR.
 func egressRulesAre(a *agent, n *node, config []string, pods ...netip.Addr) func() (bool, string) {
-	want := desiredCIDRs(config)
 	return func() (bool, string) {
 		ips, err := ciliumIPs(a, n)
 		if err != nil {
@@ -248,7 +264,16 @@ func egressRulesAre(a *agent, n *node, config []string, pods ...netip.Addr) func
 		if len(ips) < len(pods)+2 {
 			return false, fmt.Sprintf("Cilium's IPs %v: want the pods, the router and the health endpoint", ips)
 		}
-		got := egressRules(a.t, n)
+		return exactRules(a.t, n, ips, config)()
+	}
+}
+
+// exactRules holds when exactly ips have egress rules, each exactly one
+// per desired CIDR of config.
+func exactRules(t testing.TB, n *node, ips []netip.Addr, config []string) func() (bool, string) {
+	want := desiredCIDRs(config)
+	return func() (bool, string) {
+		got := egressRules(t, n)
 		var bad []string
 		for _, ip := range ips {
 			if !slices.Equal(got[ip], want) {
@@ -303,9 +328,9 @@ func dumpIPMasqV4(bpfRoot string) ([]netip.Prefix, error) {
 
 // checkHealth: cilium-dbg status --all-health lists enimasq's modules, none
 // degraded.
-func checkHealth(t *testing.T, a *agent) {
+func checkHealth(t testing.TB, a *agent) {
 	t.Helper()
-	var status string
+	var status, shown string
 	a.waitFor("enimasq's modules healthy", 30*time.Second, func() (bool, string) {
 		status = a.dbg("status", "--all-health")
 		var lines []string
@@ -317,18 +342,20 @@ func checkHealth(t *testing.T, a *agent) {
 		if len(lines) == 0 {
 			return false, status
 		}
+		shown = strings.Join(lines, "\n")
 		for _, l := range lines {
 			if strings.Contains(strings.ToLower(l), "degraded") {
-				return false, strings.Join(lines, "\n")
+				return false, shown
 			}
 		}
 		return true, ""
 	})
+	t.Logf("cilium-dbg status --all-health, enimasq's lines:\n%s", shown)
 }
 
 // checkUsedMetric: enimasq_ipam_ips{type="used"} counts the IPs Cilium
 // allocated (router, health, pods), as cilium-dbg metrics list shows it.
-func checkUsedMetric(t *testing.T, a *agent) {
+func checkUsedMetric(t testing.TB, a *agent) {
 	t.Helper()
 	a.waitFor(`enimasq_ipam_ips{type="used"} = Cilium's IPs`, 10*time.Second, func() (bool, string) {
 		ips, err := ciliumIPs(a, a.node)

@@ -81,7 +81,7 @@ var (
 		subnet: netip.MustParsePrefix("10.200.0.0/24"), primary: netip.MustParseAddr("10.200.0.10")}
 	eni1 = eni{id: "eni-0a000000000000011", number: 1, mac: "0a:00:00:c8:10:0a", subnetID: "subnet-0a00000000000000b",
 		subnet: netip.MustParsePrefix("10.200.16.0/24"), primary: netip.MustParseAddr("10.200.16.10"),
-		addresses: addrRange("10.200.16.11", 14)}
+		addresses: addrRange("10.200.16.11", 120)}
 	enis     = []eni{eni0, eni1}
 	nodeName = "ip-10-200-0-10.ec2.internal"
 )
@@ -103,7 +103,7 @@ func randomSuffix() string {
 
 // addNetNS creates a named network namespace (/run/netns/NAME), deleted at
 // cleanup.
-func addNetNS(t *testing.T, name string) netns.NsHandle {
+func addNetNS(t testing.TB, name string) netns.NsHandle {
 	t.Helper()
 	run(t, "ip", "netns", "add", name)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
@@ -115,7 +115,7 @@ func addNetNS(t *testing.T, name string) netns.NsHandle {
 	return ns
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	t.Helper()
 	suffix := randomSuffix()
 	n := &node{name: "enimasq-node-" + suffix, vpc: "enimasq-vpc-" + suffix, imdsLog: &strings.Builder{}}
@@ -197,7 +197,7 @@ func listenIn(ns netns.NsHandle, addr string) (net.Listener, error) {
 // forwardAPIServer makes the API server, which listens on the machine's
 // loopback, reachable on the same address from the node namespace, so that
 // the agent's kubeconfig (and its certificate) hold there too.
-func (n *node) forwardAPIServer(t *testing.T, server string) {
+func (n *node) forwardAPIServer(t testing.TB, server string) {
 	t.Helper()
 	u, err := url.Parse(server)
 	if err != nil {
@@ -238,7 +238,7 @@ func (n *node) forwardAPIServer(t *testing.T, server string) {
 // serveMetadata serves the instance metadata (IMDSv2) on
 // 169.254.169.254:80 in the vpc namespace: the listening socket is made on
 // a thread in that namespace and stays there.
-func (n *node) serveMetadata(t *testing.T, ns netns.NsHandle) {
+func (n *node) serveMetadata(t testing.TB, ns netns.NsHandle) {
 	t.Helper()
 	l, err := listenIn(ns, imdsAddr+":80")
 	if err != nil {
@@ -339,7 +339,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
