@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -57,6 +59,19 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 			// create itself) and files are 0600; directories the agent
 			// creates are chmod'ed to 0700 explicitly.
 			syscall.Umask(0o177)
+			// hive.Run listens for signals only once the start is done: a
+			// SIGTERM during the start (the kubelet stopping a pod that is
+			// still coming up) would kill the process where it stands. Caught
+			// from here on, it stops the agent as soon as it has started.
+			signals := make(chan os.Signal, 1)
+			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+			defer func() { signal.Stop(signals); close(signals) }()
+			go func() {
+				if sig, ok := <-signals; ok {
+					log.Info("Signal received", "signal", sig)
+					h.Shutdown()
+				}
+			}()
 			return h.Run(log, hive.WithStopTimeout(stopTimeout), hive.WithLogThreshold(100*time.Millisecond))
 		},
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -64,6 +65,12 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 	}
 	t.Logf("cilium-dbg shell -- db/show ipam-allocations:\n%s", a.dbg("shell", "db/show", "ipam-allocations"))
 	checkUsedMetric(t, a)
+
+	// Rules that are not enimasq's to keep: another priority (Cilium's
+	// nodeport and compat rules), another owner's at the egress priority,
+	// the ingress rules Cilium wrote. They outlive every edit and restart.
+	foreign := addForeignRules(t, n, podA.ip)
+	defer checkRulesKept(t, n, foreign)
 
 	// The edit: 192.168.0.0/16 goes, 172.16.0.0/12 and 100.64.0.0/10 come.
 	want = []string{"10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12"}
@@ -182,7 +189,7 @@ func egressRules(t testing.TB, n *node) map[netip.Addr][]netip.Prefix {
 	}
 	out := map[netip.Addr][]netip.Prefix{}
 	for _, r := range rules {
-		if r.Priority != 111 || r.Src == nil || r.Table < 10 {
+		if r.Priority != 111 || r.Src == nil || r.Table < 10 || r.Protocol != unix.RTPROT_KERNEL {
 			continue
 		}
 		src := prefixOf(r.Src)
@@ -202,6 +209,57 @@ func egressRules(t testing.TB, n *node) map[netip.Addr][]netip.Prefix {
 		slices.SortFunc(ps, netip.Prefix.Compare)
 	}
 	return out
+}
+
+// addForeignRules adds rules of pod that are not enimasq's (another
+// priority; another protocol at the egress priority) and returns them with
+// the ingress rules Cilium wrote, all of which must stay.
+func addForeignRules(t testing.TB, n *node, pod netip.Addr) []netlink.Rule {
+	t.Helper()
+	from := ipNet(netip.PrefixFrom(pod, 32))
+	to := ipNet(netip.MustParsePrefix("8.8.8.0/24"))
+	for _, r := range []struct{ prio, proto int }{{110, unix.RTPROT_KERNEL}, {109, unix.RTPROT_KERNEL}, {111, unix.RTPROT_STATIC}} {
+		rule := netlink.NewRule()
+		rule.Priority, rule.Family, rule.Table, rule.Protocol = r.prio, unix.AF_INET, eni1.routeTable(), uint8(r.proto)
+		rule.Src, rule.Dst = from, to
+		if err := n.handle.RuleAdd(rule); err != nil {
+			t.Fatalf("foreign rule %d proto %d: %s", r.prio, r.proto, err)
+		}
+	}
+	rules, err := n.handle.RuleList(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []netlink.Rule
+	for _, r := range rules {
+		ofPod := prefixOf(r.Src).Addr() == pod || prefixOf(r.Dst).Addr() == pod
+		kernel := r.Priority == 0 || r.Priority == 32766 || r.Priority == 32767
+		if (ofPod || kernel) && !(r.Priority == 111 && r.Protocol == unix.RTPROT_KERNEL) {
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) < 3+1+3 { // the foreign ones, the pod's ingress rule, the kernel's
+		t.Fatalf("rules to keep: %v", kept)
+	}
+	return kept
+}
+
+// checkRulesKept: every rule of rules is still in the kernel.
+func checkRulesKept(t testing.TB, n *node, rules []netlink.Rule) {
+	t.Helper()
+	now, err := n.handle.RuleList(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(a, b netlink.Rule) bool {
+		return a.Priority == b.Priority && a.Table == b.Table && a.Protocol == b.Protocol &&
+			prefixOf(a.Src) == prefixOf(b.Src) && prefixOf(a.Dst) == prefixOf(b.Dst)
+	}
+	for _, r := range rules {
+		if !slices.ContainsFunc(now, func(x netlink.Rule) bool { return same(x, r) }) {
+			t.Errorf("rule %s (priority %d, proto %d) was removed: not enimasq's", r, r.Priority, r.Protocol)
+		}
+	}
 }
 
 // ciliumIPs are the IPs Cilium configured ENI rules for: its endpoints'
