@@ -384,31 +384,46 @@ func dumpIPMasqV4(bpfRoot string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// checkHealth: cilium-dbg status --all-health lists enimasq's modules, none
-// degraded.
+// checkHealth: cilium-dbg status --all-health lists enimasq's modules
+// (the enimasq tree: ipmasq, policymap, ipam and the pod-set job), none
+// degraded or stopped.
 func checkHealth(t testing.TB, a *agent) {
 	t.Helper()
-	var status, shown string
+	var tree string
 	a.waitFor("enimasq's modules healthy", 30*time.Second, func() (bool, string) {
-		status = a.dbg("status", "--all-health")
-		var lines []string
-		for _, l := range strings.Split(status, "\n") {
-			if strings.Contains(l, "enimasq") {
-				lines = append(lines, l)
+		status := a.dbg("status", "--all-health")
+		tree = enimasqTree(status)
+		for _, want := range []string{"── ipmasq", "── policymap", "── ipam", "job-follow-cilium-endpoints", "job-reconcile-eni-rules"} {
+			if !strings.Contains(tree, want) {
+				return false, fmt.Sprintf("no %q under enimasq:\n%s", want, status)
 			}
 		}
-		if len(lines) == 0 {
-			return false, status
-		}
-		shown = strings.Join(lines, "\n")
-		for _, l := range lines {
-			if strings.Contains(strings.ToLower(l), "degraded") {
-				return false, shown
-			}
+		if strings.Contains(tree, "[DEGRADED]") || strings.Contains(tree, "[STOPPED]") {
+			return false, tree
 		}
 		return true, ""
 	})
-	t.Logf("cilium-dbg status --all-health, enimasq's lines:\n%s", shown)
+	t.Logf("cilium-dbg status --all-health, enimasq's modules:\n%s", tree)
+}
+
+// enimasqTree is the enimasq subtree of status --all-health's module tree.
+func enimasqTree(status string) string {
+	var out []string
+	in := false
+	for _, l := range strings.Split(status, "\n") {
+		trimmed := strings.TrimSpace(l)
+		switch {
+		case trimmed == "enimasq":
+			in = true
+		case in && (strings.HasPrefix(trimmed, "├") || strings.HasPrefix(trimmed, "│") || strings.HasPrefix(trimmed, "└")):
+		case in:
+			return strings.Join(out, "\n")
+		}
+		if in {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // checkUsedMetric: enimasq_ipam_ips{type="used"} counts the IPs Cilium
