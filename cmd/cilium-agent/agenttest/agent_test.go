@@ -342,6 +342,15 @@ func (a *agent) cni(command string, p *pod) (string, error) {
 func (a *agent) cniAdd(p *pod) {
 	a.t.Helper()
 	out, err := a.cni("ADD", p)
+	// Cilium's multi-pool IPAM hands back the IPs it holds beyond its
+	// pre-allocation and takes them again as demand grows, at its CiliumNode
+	// update rate: a burst of ADDs can find it short for a while. The
+	// kubelet then deletes the sandbox and tries again; so does this.
+	for deadline := time.Now().Add(time.Minute); err != nil && strings.Contains(err.Error(), "exhausted") && time.Now().Before(deadline); {
+		a.cni("DEL", p)
+		time.Sleep(time.Second)
+		out, err = a.cni("ADD", p)
+	}
 	if err != nil {
 		a.t.Fatal(err)
 	}

@@ -167,11 +167,12 @@ func newPod(t testing.TB, c *k8stest.Cluster, namespace, name string) *pod {
 }
 
 // desiredCIDRs is what cilium-cni writes a rule for: the VPC CIDR, the
-// native-routing CIDR and the non-masquerade CIDRs with 169.254.0.0/16,
-// coalesced.
+// native-routing CIDR and the non-masquerade CIDRs of config with
+// 169.254.0.0/16 (masqLinkLocal is false), coalesced.
 func desiredCIDRs(config []string) []netip.Prefix {
 	var b netipx.IPSetBuilder
 	b.AddPrefix(vpcCIDR)
+	b.AddPrefix(netip.MustParsePrefix("169.254.0.0/16"))
 	for _, c := range config {
 		b.AddPrefix(netip.MustParsePrefix(c))
 	}
