@@ -116,7 +116,11 @@ func (f *FakeNetlink) RouteReplace(r *netlink.Route) error {
 	if q.link != 0 && !f.linkExists(q.link) {
 		return fmt.Errorf("fake netlink: ip route replace %s: link %d: %w", q.dst, q.link, unix.ENODEV)
 	}
-	if q.gw.IsValid() {
+	onlink := r.Flags&int(netlink.FLAG_ONLINK) != 0
+	if onlink && q.link == 0 {
+		return fmt.Errorf("fake netlink: ip route replace %s onlink: no device: %w", q.dst, unix.EINVAL)
+	}
+	if q.gw.IsValid() && !onlink { // onlink: the gateway is taken as on the link, unchecked
 		if q.scope >= netlink.SCOPE_LINK {
 			return fmt.Errorf("fake netlink: ip route replace %s: a gateway needs a scope below link: %w", q.dst, unix.EINVAL)
 		}

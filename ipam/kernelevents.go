@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -74,7 +75,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 
 	deleted := make(chan struct{}, 1)       // a rule went
 	ruleChanged := make(chan struct{}, 1)   // a rule came or went
-	routesChanged := make(chan struct{}, 1) // a route went, a link came or went
+	routesChanged := make(chan struct{}, 1) // a route changed, a link came or went
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
@@ -93,7 +94,8 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 				case RuleDeleted:
 					notify(deleted)
 					notify(ruleChanged)
-				case RouteDeleted, LinkChanged, LinkDeleted:
+				case RouteAdded, RouteDeleted, LinkChanged, LinkDeleted:
+					// A route added may be one of ours replaced in place.
 					notify(routesChanged)
 				case ChangesLost:
 					// Notifications were lost: check everything.
@@ -153,9 +155,10 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 // gap.
 const minPruneGap = 50 * time.Millisecond
 
-// repairRoutes marks Pending the rows whose route is missing while their
-// ENI's link is there, and Error (naming the link) the rows whose link is
-// gone.
+// repairRoutes marks Pending the rows whose route the kernel does not hold
+// as desired (missing, or replaced in place: another gateway, link or scope)
+// while their ENI's link is there, and tries again, at once, the rows that
+// failed for want of a link that is back.
 func (r *ruleRepair) repairRoutes() error {
 	if r.routes == nil {
 		return nil
@@ -164,32 +167,35 @@ func (r *ruleRepair) repairRoutes() error {
 	if err != nil {
 		return fmt.Errorf("ip link list: %w", err)
 	}
-	macs := map[string]bool{}
+	linkOfMAC := map[string]int{}
 	for _, l := range links {
-		macs[l.Attrs().HardwareAddr.String()] = true
+		linkOfMAC[l.Attrs().HardwareAddr.String()] = l.Attrs().Index
 	}
 	kernel, err := ListRoutes(r.nl, r.nl.families)
 	if err != nil {
 		return err
 	}
-	present := map[RouteKey]bool{}
-	for i := range kernel {
-		present[routeKeyOf(&kernel[i])] = true
+	held := map[RouteKey][]netlink.Route{}
+	for _, kr := range kernel {
+		k := routeKeyOf(&kr)
+		held[k] = append(held[k], kr)
 	}
 	wtxn := r.db.WriteTxn(r.routes)
 	defer wtxn.Abort()
 	var changed []*Route
 	for row := range r.routes.All(wtxn) {
+		link, linked := linkOfMAC[row.MAC]
 		var retry bool
 		switch kind := row.Status.Kind; {
 		case kind == reconciler.StatusKindDone:
-			// Done, but the link went (taking the route) or the route did:
-			// the reconciler tries again, and says why it fails.
-			retry = !macs[row.MAC] || !present[row.RouteKey]
+			// Done, but the link went (taking the route), or the route
+			// went or was replaced: the reconciler writes it again, and
+			// says why it fails.
+			retry = !linked || !slices.ContainsFunc(held[row.RouteKey], func(kr netlink.Route) bool { return row.heldAs(&kr, link) })
 		case kind == reconciler.StatusKindError:
 			// Failing for want of its link, which is back: now, not at the
 			// end of the backoff. Other errors keep their backoff.
-			retry = macs[row.MAC] && strings.Contains(row.Status.GetError(), "no link with MAC "+row.MAC)
+			retry = linked && strings.Contains(row.Status.GetError(), "no link with MAC "+row.MAC)
 		}
 		if retry {
 			changed = append(changed, row.Clone().SetStatus(reconciler.StatusPending()))

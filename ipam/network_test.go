@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +138,39 @@ func rawRule(args []string) (*netlink.Rule, error) {
 	return r, nil
 }
 
+// rawRoute parses "TABLE DST GW DEV PROTO" (DST: a CIDR or "default") into
+// an onlink route via GW on the link DEV.
+func rawRoute(h ipam.Netlink, args []string) (*netlink.Route, error) {
+	table, err := strconv.Atoi(args[0])
+	if err != nil {
+		return nil, err
+	}
+	dst := netip.MustParsePrefix("0.0.0.0/0")
+	if args[1] != "default" {
+		if dst, err = netip.ParsePrefix(args[1]); err != nil {
+			return nil, err
+		}
+	}
+	gw, err := netip.ParseAddr(args[2])
+	if err != nil {
+		return nil, err
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(links, func(l netlink.Link) bool { return l.Attrs().Name == args[3] })
+	if i < 0 {
+		return nil, fmt.Errorf("no link %s", args[3])
+	}
+	proto, err := strconv.Atoi(args[4])
+	if err != nil {
+		return nil, err
+	}
+	return &netlink.Route{Family: unix.AF_INET, Table: table, Dst: ipNetOf(dst), Gw: gw.AsSlice(),
+		LinkIndex: links[i].Attrs().Index, Protocol: netlink.RouteProtocol(proto), Flags: int(netlink.FLAG_ONLINK)}, nil
+}
+
 // rawCommands change the network behind the agent's back, as aws-node, an
 // operator or a detached ENI would: on a FakeNetlink as on the kernel, the
 // agent hears of it only through the network's notifications.
@@ -163,6 +197,14 @@ func rawCommands(n testNetwork) cell.Cell {
 		return hive.NewScriptCmds(map[string]script.Cmd{
 			"raw/rule-add": simple("ip rule add, behind the agent's back", "prio from to table proto", 5, rule(n.Handle().RuleAdd)),
 			"raw/rule-del": simple("ip rule del, behind the agent's back", "prio from to table proto", 5, rule(n.Handle().RuleDel)),
+			"raw/route-replace": simple("ip route replace TABLE DST via GW dev DEV proto PROTO onlink, behind the agent's back",
+				"table dst gw dev proto", 5, func(args []string) error {
+					r, err := rawRoute(n.Handle(), args)
+					if err != nil {
+						return err
+					}
+					return n.Handle().RouteReplace(r)
+				}),
 			"raw/link-add": simple("Add an up link with a MAC", "name mac", 2, func(args []string) error {
 				return n.AddLink(args[0], args[1])
 			}),

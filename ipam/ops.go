@@ -468,6 +468,18 @@ func (o *routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 	return nil
 }
 
+// heldAs says whether the kernel route kr (of r's key, with enimasq's
+// protocol) is r as routeOps.Update writes it on the link with index link:
+// the same link, gateway and scope.
+func (r *Route) heldAs(kr *netlink.Route, link int) bool {
+	gw, _ := netip.AddrFromSlice(kr.Gw)
+	scope := netlink.SCOPE_UNIVERSE
+	if !r.Gateway.IsValid() {
+		scope = netlink.SCOPE_LINK
+	}
+	return kr.LinkIndex == link && gw.Unmap() == r.Gateway && kr.Scope == scope
+}
+
 // deleteRoute deletes the route of the key with enimasq's protocol, in any
 // scope and on any link.
 func (o *routeOps) deleteRoute(k RouteKey) error {
