@@ -1,7 +1,6 @@
 package ipam
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	sigsjson "sigs.k8s.io/json"
 )
 
 // CheckpointFile is the name of the allocations checkpoint in the state dir.
@@ -56,10 +57,16 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
+	// Strict, as every input: an unknown or duplicate field, a value of
+	// the wrong type or anything after the one JSON value is refused (a
+	// second value's allocations would be dropped and their IPs handed
+	// out again).
 	var c checkpoint
-	if err := dec.Decode(&c); err != nil {
+	strict, err := sigsjson.UnmarshalStrict(data, &c, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s: not an allocations checkpoint: %w", path, err)
 	}
 	switch c.Version {

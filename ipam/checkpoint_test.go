@@ -104,3 +104,23 @@ func TestCheckpointVersion1IsMigrated(t *testing.T) {
 		t.Errorf("the migrated checkpoint reads back as %v, %v", again, err)
 	}
 }
+
+// A checkpoint is one JSON value: a second one after it (its allocations
+// would be dropped and their IPs handed out again), an unknown or a
+// duplicate field is refused, naming the file.
+func TestCheckpointIsStrict(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFile)
+	for _, tc := range []struct{ name, data, want string }{
+		{"trailing value", `{"version":2,"allocations":[]} {"version":2,"allocations":[{"ip":"10.0.1.5","owner":"shop/a"}]}`, "after top-level value"},
+		{"duplicate field", `{"version":2,"allocations":[],"allocations":[]}`, "duplicate field"},
+		{"unknown field", `{"version":2,"allocations":[],"allocs":[]}`, "unknown field"},
+	} {
+		if err := os.WriteFile(path, []byte(tc.data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadCheckpoint(path)
+		if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, %v; want an error naming %s and saying %q", tc.name, got, err, path, tc.want)
+		}
+	}
+}

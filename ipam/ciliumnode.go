@@ -3,6 +3,7 @@ package ipam
 import (
 	"cmp"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/strictyaml"
 	"maps"
 	"net"
 	"net/netip"
@@ -11,7 +12,6 @@ import (
 	"strings"
 
 	sigsjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
 )
 
 // maxENINumber keeps the ENI route table (10+number) below the kernel's
@@ -301,7 +301,7 @@ var yamlDuplicate = regexp.MustCompile(`line (\d+): key (".*") already set in ma
 // server's strict field validation: a key given twice and a field v does
 // not have are errors that name them.
 func decodeStrict(data []byte, v any) error {
-	js, err := yaml.YAMLToJSONStrict(data)
+	js, err := strictyaml.ToJSON(data)
 	if err != nil {
 		if m := yamlDuplicate.FindAllStringSubmatch(err.Error(), -1); m != nil {
 			dups := make([]string, len(m))

@@ -306,6 +306,8 @@ func TestParseCiliumNodeStrict(t *testing.T) {
 		{"second status", minimalNode + "status: {}\n", `duplicate key "status" at line 10`},
 		{"pool IP twice", strings.Replace(minimalNode, "      10.0.1.5: {resource: eni-1}", "      10.0.1.5: {resource: eni-1}\n      10.0.1.5: {resource: eni-2}", 1), `duplicate key "10.0.1.5" at line 6`},
 		{"json duplicate", `{"spec": {}, "spec": {}}`, `duplicate key "spec" at line 1`},
+		{"second document", minimalNode + "---\n" + minimalNode, "a second document at line 10"},
+		{"two JSON values", `{"spec": {}} {"spec": {"ipam": {"pool": {"10.0.1.9": {"resource": "eni-1"}}}}}`, "data after the first value"},
 		{"unknown field", strings.Replace(minimalNode, "number: 0", "number: 0, nunber: 1", 1), `unknown field "status.eni.enis.eni-1.nunber"`},
 		{"unknown top level", minimalNode + "statos: {}\n", `unknown field "statos"`},
 		{"unknown metadata", "metadata: {name: node-1, nmae: node-2}\n" + minimalNode, `unknown field "metadata.nmae"`},

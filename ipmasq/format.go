@@ -3,6 +3,7 @@ package ipmasq
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/strictyaml"
 	"maps"
 	"net/netip"
 	"slices"
@@ -97,7 +98,7 @@ func decode(data []byte) (File, []string, error) {
 
 // decodeFull is decode by the YAML decoder, for any input.
 func decodeFull(data []byte) (File, []string, error) {
-	js, err := yaml.YAMLToJSONStrict(data)
+	js, err := strictyaml.ToJSON(data)
 	if err != nil {
 		return File{}, nil, fmt.Errorf("not valid YAML or JSON: %w", err)
 	}

@@ -24,6 +24,8 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 		{"unknown field", "nonMasqCIDRs: []", []string{path, `unknown field "nonMasqCIDRs"`}},
 		{"duplicate key", "masqLinkLocal: true\nmasqLinkLocal: false", []string{path, "not valid YAML", "masqLinkLocal"}},
 		{"bad YAML", "nonMasqueradeCIDRs: [", []string{path, "not valid YAML"}},
+		{"second document", "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\nnonMasqueradeCIDRs: [192.168.0.0/16]\n", []string{path, "a second document at line 2"}},
+		{"two JSON values", `{"nonMasqueradeCIDRs": []} {"nonMasqueradeCIDRs": ["10.0.0.0/8"]}`, []string{path, "data after the first value"}},
 		{"scalar", "42", []string{path, "want a mapping", "42"}},
 		{"too big", "#" + strings.Repeat("x", MaxFileSize), []string{path, "larger than 1048576 bytes"}},
 	} {

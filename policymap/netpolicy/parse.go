@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/strictyaml"
 	"net/netip"
 	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/yaml"
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/errtext"
@@ -65,7 +65,7 @@ func ParsePolicyEndpoints(path string, data []byte) ([]*PolicyEndpoint, error) {
 		if len(docs) > 1 {
 			where = fmt.Sprintf("%s: document %d", path, i+1)
 		}
-		js, err := yaml.YAMLToJSONStrict(doc)
+		js, err := strictyaml.ToJSON(doc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: not valid YAML or JSON: %w", where, err)
 		}

@@ -61,6 +61,7 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 		{"bad yaml", "a: [", "f.yaml: not valid YAML or JSON"},
 		{"duplicate key", minimal("  podIsolation: [Egress]\n  podIsolation: [Ingress]\n"), `f.yaml: not valid YAML or JSON`},
 		{"not a mapping", "- a", "f.yaml: want a PolicyEndpoint or a List"},
+		{"two JSON values in a document", `{"apiVersion": "v1"} {"kind": "List"}`, "f.yaml: not valid YAML or JSON: data after the first value"},
 		{"no kind", "apiVersion: v1", "f.yaml: field kind is missing"},
 		{"wrong kind", "apiVersion: v1\nkind: ConfigMap", `f.yaml: field kind: value "ConfigMap" is not PolicyEndpoint`},
 		{"wrong api", strings.Replace(minimal(""), "networking.k8s.aws/v1alpha1", "networking.k8s.aws/v1", 1), `field apiVersion: value "networking.k8s.aws/v1" is not networking.k8s.aws/v1alpha1`},
