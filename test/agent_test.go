@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -257,5 +258,45 @@ func TestPrivilegedSecondAgentInTheSameNetNSSaysAlreadyRunning(t *testing.T) {
 	}
 	if _, _, err := first.Dbg("health"); err != nil {
 		t.Errorf("first agent no longer answers: %v", err)
+	}
+}
+
+// A client that sends its request slowly, or keeps a connection idle, is
+// disconnected after --api-read-timeout and --api-idle-timeout: a hundred of
+// them do not hold the API, which still answers.
+func TestPrivilegedAPITimesOutSlowAndIdleClients(t *testing.T) {
+	a := StartAgent(t, "--api-read-timeout=500ms", "--api-idle-timeout=1s")
+	slow := func(request string) net.Conn {
+		t.Helper()
+		c, err := net.Dial("unix", a.APISocket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	var conns []net.Conn
+	for range 100 {
+		// A body announced as 100 bytes, 10 sent.
+		conns = append(conns, slow("POST /v1/ipam HTTP/1.1\r\nHost: enimasq\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"owner\":"))
+	}
+	// A finished request on a kept-alive connection, then silence.
+	idle := slow("GET /healthz HTTP/1.1\r\nHost: enimasq\r\n\r\n")
+	start := time.Now()
+	for i, c := range append(conns, idle) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		// The server answers or not, then closes: read until EOF.
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("connection %d: not closed by the agent within 10s: %v", i, err)
+		}
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("slow and idle connections closed after %s, want about the timeouts (0.5s, 1s)", took)
+	}
+	if _, errOut, err := a.Dbg("status"); err != nil {
+		t.Errorf("enimasq-dbg status after the slow clients: %v\n%s", err, errOut)
 	}
 }

@@ -22,14 +22,26 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
-// APIConfig is the agent API's socket.
+// APIConfig is the agent API's socket and its timeouts.
 type APIConfig struct {
-	APISockPath string `mapstructure:"api-sock-path"`
+	APISockPath    string        `mapstructure:"api-sock-path"`
+	APIReadTimeout time.Duration `mapstructure:"api-read-timeout"`
+	APIIdleTimeout time.Duration `mapstructure:"api-idle-timeout"`
 }
+
+// DefaultAPIConfig: a request (at most 1 MiB, on a local socket) is read in
+// well under a second; ten are left to a loaded node.
+var DefaultAPIConfig = APIConfig{APIReadTimeout: 10 * time.Second, APIIdleTimeout: time.Minute}
 
 func (def APIConfig) Flags(flags *pflag.FlagSet) {
 	flags.String("api-sock-path", def.APISockPath, "Agent API unix socket (default <state-dir>/enimasq.sock)")
+	flags.Duration("api-read-timeout", def.APIReadTimeout, "Close an API connection whose request (headers and body) is not read in this time")
+	flags.Duration("api-idle-timeout", def.APIIdleTimeout, "Close an idle API connection after this time")
 }
+
+// timeouts are an HTTP server's: a client that sends its request slowly, or
+// keeps a connection open doing nothing, does not hold it for ever.
+type timeouts struct{ read, idle time.Duration }
 
 // AgentPaths is GET /v1/config: where the agent keeps what it made.
 type AgentPaths struct {
@@ -143,22 +155,27 @@ func ListenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-func registerAPIServer(p apiParams) {
+func registerAPIServer(p apiParams) error {
 	path := SocketPath(p.Config.APISockPath, p.Node.StateDir, "enimasq.sock")
-	serveHTTP(p.Lifecycle, p.Log, p.Health, "agent API", newAPIMux(p), func() (net.Listener, error) {
+	if p.Config.APIReadTimeout <= 0 || p.Config.APIIdleTimeout <= 0 {
+		return fmt.Errorf("--api-read-timeout %s and --api-idle-timeout %s: must be positive", p.Config.APIReadTimeout, p.Config.APIIdleTimeout)
+	}
+	t := timeouts{read: p.Config.APIReadTimeout, idle: p.Config.APIIdleTimeout}
+	serveHTTP(p.Lifecycle, p.Log, p.Health, "agent API", t, newAPIMux(p), func() (net.Listener, error) {
 		l, err := ListenUnix(path)
 		if err != nil {
 			return nil, fmt.Errorf("--api-sock-path %s: %w", path, err)
 		}
 		return l, nil
 	})
+	return nil
 }
 
 // serveHTTP serves handler from start to stop on the listener listen opens,
 // reporting it in health; a stop waits for the requests in flight (until
 // the stop deadline).
-func serveHTTP(lc cell.Lifecycle, log *slog.Logger, health cell.Health, what string, handler http.Handler, listen func() (net.Listener, error)) {
-	server := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+func serveHTTP(lc cell.Lifecycle, log *slog.Logger, health cell.Health, what string, t timeouts, handler http.Handler, listen func() (net.Listener, error)) {
+	server := &http.Server{Handler: handler, ReadHeaderTimeout: min(5*time.Second, t.read), ReadTimeout: t.read, IdleTimeout: t.idle}
 	done := make(chan struct{})
 	lc.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
@@ -191,6 +208,6 @@ var apiCell = cell.Module(
 	"api",
 	"Agent API on a unix socket",
 
-	cell.Config(APIConfig{}),
+	cell.Config(DefaultAPIConfig),
 	cell.Invoke(registerAPIServer),
 )

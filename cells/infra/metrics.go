@@ -165,7 +165,7 @@ func registerMetricsServer(p metricsServerParams) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", p.Registry.Handler())
-	serveHTTP(p.Lifecycle, p.Log, p.Health, "Prometheus metrics", mux, func() (net.Listener, error) {
+	serveHTTP(p.Lifecycle, p.Log, p.Health, "Prometheus metrics", timeouts{read: 10 * time.Second, idle: time.Minute}, mux, func() (net.Listener, error) {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("--prometheus-serve-addr %s: %w", addr, err)
