@@ -351,6 +351,10 @@ func (a *Allocator) restore(ctx context.Context, health cell.Health) error {
 			wtxn.Commit()
 			a.mu.Unlock()
 			a.log.Info("Restored allocations", "checkpoint", a.checkpoint, "allocations", len(entries))
+			if a.checkpointHealth != nil {
+				// OK from the start: a write failure turns it Degraded.
+				a.checkpointHealth.OK(fmt.Sprintf("restored %d allocations from %s", len(entries), a.checkpoint))
+			}
 			return nil
 		}
 		if err.Error() != lastErr {

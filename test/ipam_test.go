@@ -210,3 +210,40 @@ func TestPrivilegedUnusablePoolIPsLeaveTheNodesRoutesAlone(t *testing.T) {
 		t.Errorf("ip route get 192.168.5.5 changed:\n%s\nwas:\n%s", after, before)
 	}
 }
+
+// Right after a restart with nothing wrong, every module is OK: none is
+// Unknown until something happens (the checkpoint's health was, until the
+// first allocation).
+func TestPrivilegedRestartedAgentIsHealthy(t *testing.T) {
+	requireIPAM(t)
+	a, _, _ := ipamAgent(t)
+	a.Start()
+	a.WaitHealthy()
+	ns := a.NetNS()
+	AddENILinks(t, ns)
+	a.MustDbg("ipam", "allocate", "--owner", "shop/a")
+	if _, err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a.StartInNetNS(ns) // the same node: its ENIs are there
+	a.WaitHealthy()
+	var health, scopes string
+	defer func() {
+		if t.Failed() {
+			t.Logf("health:\n%s\nscopes:\n%s", health, scopes)
+		}
+	}()
+	a.WaitFor("every module OK after the restart", func() bool {
+		health, _, _ = a.Dbg("health")
+		scopes, _, _ = a.Dbg("shell", "--", "health")
+		for _, line := range strings.Split(strings.TrimSpace(health), "\n") {
+			if f := strings.Fields(line); len(f) < 2 || f[1] != "OK" {
+				return false
+			}
+		}
+		return strings.Contains(scopes, "ipam.checkpoint: level=OK")
+	})
+	if !strings.Contains(scopes, "restored 1 allocations") {
+		t.Errorf("ipam.checkpoint does not say what it restored:\n%s", scopes)
+	}
+}
