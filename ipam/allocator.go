@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -175,9 +176,19 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	nonMasq := a.nonMasq(wtxn)
 
 	att := req.Attachment()
-	for held := range a.allocs.List(wtxn, AllocationAttachmentIndex.Query(att)) {
+	for held := range a.heldBy(wtxn, att) {
 		if familyOf(held.IP) != family || (att.IsZero() && held.Owner != owner) {
 			continue
+		}
+		if held.Attachment != att {
+			// Recorded before networks were: it is this network's now.
+			migrated := *held
+			migrated.Attachment = att
+			a.allocs.Insert(wtxn, &migrated)
+			if err := a.writeCheckpoint(wtxn); err != nil {
+				return AllocationResult{}, false, err
+			}
+			wtxn.Commit()
 		}
 		if want.IsValid() && want != held.IP {
 			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, not %s (release it first)", ErrOwnerHasIP, owner, held.IP, want)
@@ -219,6 +230,29 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	return NewResult(ip, eni, nonMasq, a.settings), true, nil
 }
 
+// heldBy are the allocations of att, and, when it has none and a network,
+// those of the same container and interface recorded without a network
+// (checkpoint version 2).
+func (a *Allocator) heldBy(txn statedb.ReadTxn, att Attachment) iter.Seq[*Allocation] {
+	return func(yield func(*Allocation) bool) {
+		found := false
+		for al := range a.allocs.List(txn, AllocationAttachmentIndex.Query(att)) {
+			found = true
+			if !yield(al) {
+				return
+			}
+		}
+		if found || att.Network == "" {
+			return
+		}
+		for al := range a.allocs.List(txn, AllocationAttachmentIndex.Query(Attachment{ContainerID: att.ContainerID, IfName: att.IfName})) {
+			if !yield(al) {
+				return
+			}
+		}
+	}
+}
+
 // Release returns the IP to the pool; the pod's rules are removed.
 func (a *Allocator) Release(ip netip.Addr) (*Allocation, error) {
 	ip = ip.Unmap()
@@ -239,9 +273,11 @@ func (a *Allocator) Release(ip netip.Addr) (*Allocation, error) {
 }
 
 // ReleaseAttachment releases the IPs of one attachment (the CNI's DEL),
-// and only those: another sandbox of the same pod keeps its IP. An
-// attachment the allocator does not hold is released already: nothing is
-// touched and that is no error.
+// and only those: another sandbox of the same pod, and another interface of
+// the same container, keep theirs. An attachment the allocator does not
+// hold is released already: nothing is touched and that is no error. An
+// attachment recorded without a network (checkpoint version 2) is the
+// attachment of the same container and interface in any network.
 func (a *Allocator) ReleaseAttachment(att Attachment) ([]*Allocation, error) {
 	if att.IsZero() {
 		return nil, fmt.Errorf("%w: no containerID", ErrInvalidRequest)
@@ -249,27 +285,45 @@ func (a *Allocator) ReleaseAttachment(att Attachment) ([]*Allocation, error) {
 	if err := validateAttachment(att); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
+	keys := []Attachment{att}
+	if att.Network != "" {
+		keys = append(keys, Attachment{ContainerID: att.ContainerID, IfName: att.IfName})
+	}
 	return a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
-		return statedb.Collect(a.allocs.List(txn, AllocationAttachmentIndex.Query(att)))
+		var out []*Allocation
+		for _, k := range keys {
+			out = append(out, statedb.Collect(a.allocs.List(txn, AllocationAttachmentIndex.Query(k)))...)
+		}
+		return out
 	})
 }
 
-// GC releases the allocation of every attachment that is not in valid (the
-// CNI's GC, with the runtime's cni.dev/valid-attachments). Allocations
-// without an attachment were made through the API, not by the CNI: they
-// stay.
-func (a *Allocator) GC(valid []Attachment) ([]*Allocation, error) {
+// GC releases the allocation of every attachment of network that is not in
+// valid (the CNI's GC, with the runtime's cni.dev/valid-attachments): the
+// attachments of other networks are theirs to collect. Allocations without
+// an attachment were made through the API, not by the CNI: they stay. A
+// GC without a network is of the attachments recorded without one.
+func (a *Allocator) GC(network string, valid []Attachment) ([]*Allocation, error) {
+	if err := validateAttachment(Attachment{Network: network, ContainerID: "gc", IfName: "gc"}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
 	keep := make(map[Attachment]bool, len(valid))
 	for _, att := range valid {
+		if att.Network == "" {
+			att.Network = network
+		}
 		if err := validateAttachment(att); err != nil || att.IsZero() {
 			return nil, fmt.Errorf("%w: valid attachment %+v: %w", ErrInvalidRequest, att, cmp.Or(err, errors.New("no containerID")))
+		}
+		if att.Network != network {
+			return nil, fmt.Errorf("%w: valid attachment %s is not of network %q", ErrInvalidRequest, att, network)
 		}
 		keep[att] = true
 	}
 	return a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
 		var stale []*Allocation
 		for al := range a.allocs.All(txn) {
-			if !al.Attachment.IsZero() && !keep[al.Attachment] {
+			if !al.Attachment.IsZero() && al.Attachment.Network == network && !keep[al.Attachment] {
 				stale = append(stale, al)
 			}
 		}
@@ -318,7 +372,7 @@ func (a *Allocator) writeCheckpoint(txn statedb.ReadTxn) error {
 	var entries []CheckpointEntry
 	for al := range a.allocs.All(txn) {
 		entries = append(entries, CheckpointEntry{IP: al.IP, Owner: al.Owner, PodUID: al.PodUID,
-			ContainerID: al.Attachment.ContainerID, IfName: al.Attachment.IfName})
+			Network: al.Attachment.Network, ContainerID: al.Attachment.ContainerID, IfName: al.Attachment.IfName})
 	}
 	if err := WriteCheckpoint(a.checkpoint, entries); err != nil {
 		a.log.Error("Cannot write the allocations checkpoint: change refused", "error", err)

@@ -40,7 +40,7 @@ const (
 func infoOf(a *Allocation) AllocationInfo {
 	return AllocationInfo{
 		IP: a.IP.String(), Owner: a.Owner, PodUID: a.PodUID,
-		ContainerID: a.Attachment.ContainerID, IfName: a.Attachment.IfName, Family: a.Family(), ENI: a.ENI,
+		Network: a.Attachment.Network, ContainerID: a.Attachment.ContainerID, IfName: a.Attachment.IfName, Family: a.Family(), ENI: a.ENI,
 		State: string(a.State), Reason: a.Reason,
 	}
 }
@@ -179,21 +179,23 @@ func decodeBody(r *http.Request, v any, want string) error {
 }
 
 // list answers every allocation, or with ?containerID=&ifname= those of
-// one attachment.
+// one container's interface (in every network, or in ?network=, which
+// includes the attachments recorded without a network).
 func (a *API) list(w http.ResponseWriter, r *http.Request) {
 	if err := a.alloc.Restored(); err != nil {
 		writeError(w, err, nil)
 		return
 	}
 	q := r.URL.Query()
-	att := Attachment{ContainerID: q.Get("containerID"), IfName: q.Get("ifname")}
+	att := Attachment{Network: q.Get("network"), ContainerID: q.Get("containerID"), IfName: q.Get("ifname")}
 	if err := validateAttachment(att); err != nil {
 		writeError(w, fmt.Errorf("%w: %w", ErrInvalidRequest, err), nil)
 		return
 	}
 	out := []AllocationInfo{}
 	for _, al := range a.alloc.Allocations() {
-		if att.IsZero() || al.Attachment == att {
+		if att.IsZero() || (al.Attachment.ContainerID == att.ContainerID && al.Attachment.IfName == att.IfName &&
+			(att.Network == "" || al.Attachment.Network == att.Network || al.Attachment.Network == "")) {
 			out = append(out, infoOf(al))
 		}
 	}
@@ -217,7 +219,7 @@ func writeReleased(w http.ResponseWriter, released []*Allocation, err error) {
 // unknown attachment frees nothing and is no error.
 func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
 	var att Attachment
-	if err := decodeBody(r, &att, `{"containerID": "...", "ifname": "eth0"}`); err != nil {
+	if err := decodeBody(r, &att, `{"network": "...", "containerID": "...", "ifname": "eth0"}`); err != nil {
 		writeError(w, err, nil)
 		return
 	}
@@ -228,11 +230,11 @@ func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
 // gc frees the IPs of every attachment not in the request.
 func (a *API) gc(w http.ResponseWriter, r *http.Request) {
 	var req GCRequest
-	if err := decodeBody(r, &req, `{"validAttachments": [{"containerID": "...", "ifname": "eth0"}]}`); err != nil {
+	if err := decodeBody(r, &req, `{"network": "...", "validAttachments": [{"containerID": "...", "ifname": "eth0"}]}`); err != nil {
 		writeError(w, err, nil)
 		return
 	}
-	released, err := a.alloc.GC(req.ValidAttachments)
+	released, err := a.alloc.GC(req.Network, req.ValidAttachments)
 	writeReleased(w, released, err)
 }
 

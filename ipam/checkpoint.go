@@ -17,18 +17,20 @@ import (
 // CheckpointFile is the name of the allocations checkpoint in the state dir.
 const CheckpointFile = "ipam-allocations.json"
 
-// checkpointVersion is the version written. Version 2 added the
-// attachment (containerID, ifname) and the pod UID of each allocation.
-// Version 1 files are read and migrated: their allocations have no
-// attachment, so they belong to their owner (a DEL of the owner without an
-// allocation of its own attachment releases them, GC leaves them), and the
-// next write is version 2.
-const checkpointVersion = 2
+// checkpointVersion is the version written. Version 3 added the
+// attachment's network name; version 2 the attachment (containerID,
+// ifname) and the pod UID of each allocation. Older files are read and
+// migrated, and the next write is version 3: a version-2 attachment has no
+// network (its DEL, in whatever network, releases it; a GC leaves it); a
+// version-1 allocation has no attachment, so it belongs to its owner (a DEL
+// of the owner without an allocation of its own attachment releases it, GC
+// leaves it).
+const checkpointVersion = 3
 
 // checkpoint is the file format:
 //
-//	{"version": 2, "allocations": [{"ip": "10.130.100.133", "owner": "shop/web",
-//	  "podUID": "...", "containerID": "...", "ifname": "eth0"}]}
+//	{"version": 3, "allocations": [{"ip": "10.130.100.133", "owner": "shop/web",
+//	  "podUID": "...", "network": "enimasq", "containerID": "...", "ifname": "eth0"}]}
 type checkpoint struct {
 	Version     int               `json:"version"`
 	Allocations []CheckpointEntry `json:"allocations"`
@@ -40,12 +42,13 @@ type CheckpointEntry struct {
 	IP          netip.Addr `json:"ip"`
 	Owner       string     `json:"owner"`
 	PodUID      string     `json:"podUID,omitempty"`
+	Network     string     `json:"network,omitempty"`
 	ContainerID string     `json:"containerID,omitempty"`
 	IfName      string     `json:"ifname,omitempty"`
 }
 
 func (e CheckpointEntry) attachment() Attachment {
-	return Attachment{ContainerID: e.ContainerID, IfName: e.IfName}
+	return Attachment{Network: e.Network, ContainerID: e.ContainerID, IfName: e.IfName}
 }
 
 // ReadCheckpoint reads the checkpoint. A missing file is no allocations.
@@ -71,6 +74,12 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 	}
 	switch c.Version {
 	case checkpointVersion:
+	case 2:
+		for i, e := range c.Allocations {
+			if e.Network != "" {
+				return nil, fmt.Errorf("%s: allocations[%d]: version 2 has no network", path, i)
+			}
+		}
 	case 1:
 		for i, e := range c.Allocations {
 			if !e.attachment().IsZero() || e.PodUID != "" {
@@ -78,7 +87,7 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%s: version %d, this agent reads versions 1 and %d", path, c.Version, checkpointVersion)
+		return nil, fmt.Errorf("%s: version %d, this agent reads versions 1 to %d", path, c.Version, checkpointVersion)
 	}
 	seen := map[netip.Addr]bool{}
 	for i, e := range c.Allocations {

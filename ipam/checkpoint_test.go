@@ -61,7 +61,9 @@ func TestCheckpointRejectsBadFiles(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct{ content, want string }{
 		{`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "a/b"}`, "not an allocations checkpoint"},
-		{`{"version": 3, "allocations": []}`, "version 3, this agent reads versions 1 and 2"},
+		{`{"version": 4, "allocations": []}`, "version 4, this agent reads versions 1 to 3"},
+		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "network": "n", "containerID": "c", "ifname": "eth0"}]}`, "version 2 has no network"},
+		{`{"version": 3, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "network": "-n", "containerID": "c", "ifname": "eth0"}]}`, "network"},
 		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "A/b", "containerID": "c", "ifname": "eth0"}]}`, "namespace"},
 		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "ifname": "eth0"}]}`, "without a containerID"},
 		{`{"version": 2, "allocations": [{"ip": "10.0.0.1", "owner": "a/b", "containerID": "c/d", "ifname": "eth0"}]}`, "containerID"},
@@ -82,7 +84,7 @@ func TestCheckpointRejectsBadFiles(t *testing.T) {
 
 // TestCheckpointVersion1IsMigrated: a checkpoint written before attachments
 // (version 1, owners checked by the old rule) is read, its allocations
-// without attachment; the next write is version 2.
+// without attachment; the next write is version 3.
 func TestCheckpointVersion1IsMigrated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFile)
 	os.WriteFile(path, []byte(`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "shop/db-0"}, {"ip": "10.0.0.2", "owner": "cni/ABC_1"}]}`), 0o600)
@@ -97,7 +99,7 @@ func TestCheckpointVersion1IsMigrated(t *testing.T) {
 	if err := WriteCheckpoint(path, got); err != nil {
 		t.Fatal(err)
 	}
-	if data, _ := os.ReadFile(path); !strings.Contains(string(data), `"version": 2`) {
+	if data, _ := os.ReadFile(path); !strings.Contains(string(data), `"version": 3`) {
 		t.Errorf("rewritten as:\n%s", data)
 	}
 	if again, err := ReadCheckpoint(path); err != nil || !slices.Equal(again, want) {

@@ -192,8 +192,8 @@ type Allocation struct {
 	Reason string `json:",omitempty"`
 }
 
-// Attachment is the CNI spec's attachment key (ipamapi): the container
-// ID and the interface name in the container.
+// Attachment is the CNI spec's attachment key (ipamapi): the network name,
+// the container ID and the interface name in the container.
 type Attachment = ipamapi.Attachment
 
 // Family is "ipv4" or "ipv6".
@@ -233,7 +233,7 @@ var (
 		Unique:     false,
 	}
 	// AllocationAttachmentIndex finds the allocations of an attachment
-	// (one per family). As a string query: "containerID/ifname".
+	// (one per family). As a string query: "[network:]containerID/ifname".
 	AllocationAttachmentIndex = statedb.Index[*Allocation, Attachment]{
 		Name: "attachment",
 		FromObject: func(a *Allocation) index.KeySet {
@@ -241,15 +241,21 @@ var (
 		},
 		FromKey: attachmentKey,
 		FromString: func(s string) (index.Key, error) {
-			id, ifName, _ := strings.Cut(s, "/")
-			return attachmentKey(Attachment{ContainerID: id, IfName: ifName}), nil
+			var att Attachment
+			if network, rest, ok := strings.Cut(s, ":"); ok {
+				att.Network, s = network, rest
+			}
+			att.ContainerID, att.IfName, _ = strings.Cut(s, "/")
+			return attachmentKey(att), nil
 		},
 		Unique: false,
 	}
 )
 
+// attachmentKey is the attachment's (network, containerID, ifname): the
+// same container and interface in another network is another attachment.
 func attachmentKey(a Attachment) index.Key {
-	return index.String(a.ContainerID + "\x00" + a.IfName)
+	return index.String(a.Network + "\x00" + a.ContainerID + "\x00" + a.IfName)
 }
 
 // NewAllocationTable creates and registers the ipam-allocations table.

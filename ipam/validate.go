@@ -54,6 +54,9 @@ func validateAttachment(a Attachment) error {
 	switch {
 	case a.ContainerID == "":
 		return fmt.Errorf("ifname %q without a containerID", quoteShort(a.IfName))
+	case a.Network != "" && (len(a.Network) > 256 || !containerIDPattern.MatchString(a.Network)):
+		// The CNI spec's network name: the same characters as a container ID.
+		return fmt.Errorf("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", quoteShort(a.Network))
 	case len(a.ContainerID) > 256 || !containerIDPattern.MatchString(a.ContainerID):
 		return fmt.Errorf("containerID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", quoteShort(a.ContainerID))
 	}

@@ -26,8 +26,8 @@ func wantAttachment(t *testing.T, topo *vpcTopology, api *apiClient, cni *libCNI
 	if len(topo.nodeRules(ip)) == 0 {
 		t.Errorf("%s: no rules of %s", containerID, ip)
 	}
-	if via := topo.hostRoutes()[ip]; via != hostVethName(containerID) {
-		t.Errorf("%s: route to %s via %q, want %s", containerID, ip, via, hostVethName(containerID))
+	if via := topo.hostRoutes()[ip]; via != hostVethName(containerID, "eth0") {
+		t.Errorf("%s: route to %s via %q, want %s", containerID, ip, via, hostVethName(containerID, "eth0"))
 	}
 	if err := cni.check(runtimeConf(containerID, "eth0", podNS, pod)); err != nil {
 		t.Errorf("%s: CHECK: %v", containerID, err)
@@ -43,8 +43,8 @@ func wantGone(t *testing.T, a *Agent, topo *vpcTopology, api *apiClient, contain
 		t.Errorf("%s: the agent still holds %+v", containerID, rows)
 	}
 	a.WaitFor("rules of "+ip+" removed", func() bool { return len(topo.nodeRules(ip)) == 0 })
-	if slices.Contains(topo.links("lxc"), hostVethName(containerID)) {
-		t.Errorf("%s: host veth %s left", containerID, hostVethName(containerID))
+	if slices.Contains(topo.links("lxc"), hostVethName(containerID, "eth0")) {
+		t.Errorf("%s: host veth %s left", containerID, hostVethName(containerID, "eth0"))
 	}
 	if via, ok := topo.hostRoutes()[ip]; ok {
 		t.Errorf("%s: route to %s via %s left", containerID, ip, via)
@@ -216,8 +216,8 @@ func TestPrivilegedCNIAttachCheck(t *testing.T) {
 		t.Fatalf("CHECK of live db: %v", err)
 	}
 
-	run(t, "ip", "-n", topo.Node, "link", "del", hostVethName("check-web"))
-	if err := cni.check(rtWeb); err == nil || !strings.Contains(err.Error(), hostVethName("check-web")) {
+	run(t, "ip", "-n", topo.Node, "link", "del", hostVethName("check-web", "eth0"))
+	if err := cni.check(rtWeb); err == nil || !strings.Contains(err.Error(), hostVethName("check-web", "eth0")) {
 		t.Errorf("CHECK with the host veth deleted: %v, want an error naming it", err)
 	}
 
@@ -247,7 +247,7 @@ func TestPrivilegedCNIAttachDELOfVersion1Allocations(t *testing.T) {
 	a.WaitFor("version-1 allocations restored", func() bool { return len(api.list(t, "")) == 3 })
 
 	// shop/web-0's old sandbox still runs: its veth routes the IP.
-	veth := hostVethName("old-web")
+	veth := hostVethName("old-web", "eth0")
 	run(t, "ip", "-n", topo.Node, "link", "add", veth, "type", "veth", "peer", "name", "peer-web")
 	run(t, "ip", "-n", topo.Node, "link", "set", veth, "up")
 	run(t, "ip", "-n", topo.Node, "route", "add", "10.130.100.134/32", "dev", veth)
@@ -272,4 +272,69 @@ func TestPrivilegedCNIAttachDELOfVersion1Allocations(t *testing.T) {
 	if len(topo.nodeRules("10.130.100.134")) == 0 {
 		t.Errorf("the live version-1 sandbox lost its rules")
 	}
+}
+
+// One container with two interfaces is two attachments: ADD eth0 and ADD
+// eth1 both work, each with its own IP, host veth and rules. The DEL of
+// eth1 leaves eth0 whole: its veth, its address in the pod, its rules, its
+// allocation, and CHECK passes.
+func TestPrivilegedCNIAttachTwoInterfacesOfOneContainer(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	cni, pods, api := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+
+	pod := podRef{"shop", "multi", "0b5d6f3e-0000-4000-8000-0000000000c1"}
+	podNS := pods.newPod("multi")
+	rt0, rt1 := runtimeConf("ctr1", "eth0", podNS, pod), runtimeConf("ctr1", "eth1", podNS, pod)
+	ip0 := cni.mustAdd(rt0)
+	ip1 := cni.mustAdd(rt1)
+	if ip0 == ip1 {
+		t.Fatalf("eth0 and eth1 of ctr1 share %s", ip0)
+	}
+	if via := topo.hostRoutes()[ip1]; via != hostVethName("ctr1", "eth1") {
+		t.Errorf("route to eth1's %s via %q, want its own veth %s", ip1, via, hostVethName("ctr1", "eth1"))
+	}
+	if err := cni.check(rt1); err != nil {
+		t.Errorf("CHECK of eth1: %v", err)
+	}
+
+	cni.mustDel(rt1)
+	wantAttachment(t, topo, api, cni, "ctr1", ip0, pod, podNS)
+	if addrs := run(t, "ip", "-n", podNS, "-o", "addr", "show", "dev", "eth0"); !strings.Contains(addrs, ip0+"/32") {
+		t.Errorf("eth0 lost its address %s:\n%s", ip0, addrs)
+	}
+	if rows := api.list(t, "?containerID=ctr1&ifname=eth1"); len(rows) != 0 {
+		t.Errorf("eth1's allocation left: %+v", rows)
+	}
+	a.WaitFor("rules of eth1's "+ip1+" removed", func() bool { return len(topo.nodeRules(ip1)) == 0 })
+	if slices.Contains(topo.links("lxc"), hostVethName("ctr1", "eth1")) {
+		t.Errorf("eth1's host veth left")
+	}
+}
+
+// Two networks on one agent: a GC is of its network. The GC of "enimasq"
+// that keeps only A releases nothing of "netb"'s B (its IP, veth and
+// rules stay); netb's own GC releases B and leaves A.
+func TestPrivilegedCNIAttachGCIsOfItsNetwork(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	netA, netB := newLibCNI(t, topo, a.APISocket()), newLibCNINetwork(t, topo, a.APISocket(), "netb")
+	pods, api := newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+
+	podA, podB := podRef{"shop", "a", ""}, podRef{"shop", "b", ""}
+	nsA, nsB := pods.newPod("a"), pods.newPod("b")
+	ipA := netA.mustAdd(runtimeConf("sandbox-a", "eth0", nsA, podA))
+	ipB := netB.mustAdd(runtimeConf("sandbox-b", "eth0", nsB, podB))
+
+	if err := netA.withoutCache().gc([]types.GCAttachment{{ContainerID: "sandbox-a", IfName: "eth0"}}); err != nil {
+		t.Fatalf("GC of enimasq: %v", err)
+	}
+	wantAttachment(t, topo, api, netA, "sandbox-a", ipA, podA, nsA)
+	wantAttachment(t, topo, api, netB, "sandbox-b", ipB, podB, nsB)
+
+	if err := netB.withoutCache().gc(nil); err != nil {
+		t.Fatalf("GC of netb: %v", err)
+	}
+	wantGone(t, a, topo, api, "sandbox-b", ipB)
+	wantAttachment(t, topo, api, netA, "sandbox-a", ipA, podA, nsA)
 }

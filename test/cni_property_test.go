@@ -168,7 +168,7 @@ func (r *propertyRun) allocate(at *propAttachment) (int, []byte, string) {
 	for {
 		var res struct{ IP string }
 		code, body, err := r.api.do(http.MethodPost, "/v1/ipam?wait=true&timeout=10s", map[string]string{
-			"owner": at.pod.Namespace + "/" + at.pod.Name, "podUID": at.pod.UID, "containerID": at.id, "ifname": "eth0",
+			"owner": at.pod.Namespace + "/" + at.pod.Name, "podUID": at.pod.UID, "network": "enimasq", "containerID": at.id, "ifname": "eth0",
 		}, &res)
 		if err != nil {
 			r.fatalf("POST /v1/ipam for %s: %v", at.id, err)
@@ -233,7 +233,7 @@ func (r *propertyRun) delLive() {
 
 func (r *propertyRun) release(id string) []allocationRow {
 	var released []allocationRow
-	code, body, err := r.api.do(http.MethodPost, "/v1/ipam/release", map[string]string{"containerID": id, "ifname": "eth0"}, &released)
+	code, body, err := r.api.do(http.MethodPost, "/v1/ipam/release", map[string]string{"network": "enimasq", "containerID": id, "ifname": "eth0"}, &released)
 	if err != nil || code != http.StatusOK {
 		r.fatalf("release %s: %d %v %s", id, code, err, body)
 	}
@@ -408,7 +408,7 @@ func (r *propertyRun) verify() {
 	var wantLinks []string
 	for _, at := range r.live {
 		if at.plugin() {
-			wantLinks = append(wantLinks, hostVethName(at.id))
+			wantLinks = append(wantLinks, hostVethName(at.id, "eth0"))
 		}
 	}
 	slices.Sort(wantLinks)

@@ -69,12 +69,18 @@ type libCNI struct {
 
 func newLibCNI(t *testing.T, topo *vpcTopology, agentSocket string) *libCNI {
 	t.Helper()
+	return newLibCNINetwork(t, topo, agentSocket, "enimasq")
+}
+
+// newLibCNINetwork is newLibCNI with the network list named network.
+func newLibCNINetwork(t *testing.T, topo *vpcTopology, agentSocket, network string) *libCNI {
+	t.Helper()
 	bin := Build(t)
 	list, err := libcni.NetworkConfFromBytes(fmt.Appendf(nil, `{
   "cniVersion": "1.1.0",
-  "name": "enimasq",
+  "name": %q,
   "plugins": [{"type": "enimasq-cni", "agentSocket": %q, "waitSeconds": 10}]
-}`, agentSocket))
+}`, network, agentSocket))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,9 +190,10 @@ func cniErrorCode(err error) uint {
 	return 0
 }
 
-// hostVethName is enimasq-cni's name of a container's host veth.
-func hostVethName(containerID string) string {
-	sum := sha256.Sum256([]byte(containerID))
+// hostVethName is enimasq-cni's name of the host veth of a container's
+// interface.
+func hostVethName(containerID, ifname string) string {
+	sum := sha256.Sum256([]byte(containerID + "\x00" + ifname))
 	return "lxc" + hex.EncodeToString(sum[:])[:11]
 }
 

@@ -127,20 +127,21 @@ func (c *agentClient) releaseAttachment(att ipamapi.Attachment) ([]ipamapi.Alloc
 	return released, err
 }
 
-// gc frees the IPs of every attachment not in valid and returns them.
-func (c *agentClient) gc(valid []ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
+// gc frees the IPs of every attachment of network not in valid and returns
+// them.
+func (c *agentClient) gc(network string, valid []ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
 	if valid == nil {
 		valid = []ipamapi.Attachment{}
 	}
 	var released []ipamapi.AllocationInfo
-	_, err := c.do(http.MethodPost, "/v1/ipam/gc", ipamapi.GCRequest{ValidAttachments: valid}, &released)
+	_, err := c.do(http.MethodPost, "/v1/ipam/gc", ipamapi.GCRequest{Network: network, ValidAttachments: valid}, &released)
 	return released, err
 }
 
 // attachmentAllocations returns the allocations an attachment holds.
 func (c *agentClient) attachmentAllocations(att ipamapi.Attachment) ([]ipamapi.AllocationInfo, error) {
 	var list []ipamapi.AllocationInfo
-	q := url.Values{"containerID": {att.ContainerID}, "ifname": {att.IfName}}
+	q := url.Values{"network": {att.Network}, "containerID": {att.ContainerID}, "ifname": {att.IfName}}
 	_, err := c.do(http.MethodGet, "/v1/ipam?"+q.Encode(), nil, &list)
 	return list, err
 }

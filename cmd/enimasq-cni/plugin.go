@@ -29,9 +29,19 @@ var (
 	podGatewayV6 = netip.MustParseAddr("fe80::1")
 )
 
-// hostVethName is "lxc" and a short hash of the container ID (at most 15
-// characters, the kernel's limit).
-func hostVethName(containerID string) string {
+// hostVethName is "lxc" and a short hash of the attachment's container ID
+// and interface name (at most 15 characters, the kernel's limit): two
+// interfaces of one container are two veths. The network is not in it: an
+// interface name is the container's own, whatever network it is in.
+func hostVethName(att ipamapi.Attachment) string {
+	sum := sha256.Sum256([]byte(att.ContainerID + "\x00" + att.IfName))
+	return "lxc" + hex.EncodeToString(sum[:])[:11]
+}
+
+// legacyHostVethName is the host veth's name for an attachment recorded
+// without a network (checkpoint version 2), made when it was named after
+// the container ID alone.
+func legacyHostVethName(containerID string) string {
 	sum := sha256.Sum256([]byte(containerID))
 	return "lxc" + hex.EncodeToString(sum[:])[:11]
 }
@@ -67,7 +77,7 @@ func setup(args *skel.CmdArgs) (*NetConf, ipamapi.Attachment, pod, error) {
 	if err != nil {
 		return nil, ipamapi.Attachment{}, pod{}, types.NewError(types.ErrInvalidEnvironmentVariables, "enimasq-cni: cannot name the pod", err.Error())
 	}
-	return conf, ipamapi.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}, p, nil
+	return conf, ipamapi.Attachment{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}, p, nil
 }
 
 // agentError is a failed call to the agent as a CNI error: "try again
@@ -90,7 +100,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	agent := newAgentClient(conf.AgentSocket, time.Duration(conf.WaitSeconds+5)*time.Second)
 	alloc, created, err := agent.allocate(ipamapi.Request{
-		Owner: p.Owner, PodUID: p.UID, ContainerID: att.ContainerID, IfName: att.IfName, Family: conf.Family,
+		Owner: p.Owner, PodUID: p.UID, Network: att.Network, ContainerID: att.ContainerID, IfName: att.IfName, Family: conf.Family,
 	}, conf.WaitSeconds)
 	if err != nil {
 		return agentError("allocation for "+p.Owner+" failed", err)
@@ -98,7 +108,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 	// From here on, a failure undoes what this call made, and only that: a
 	// retried ADD of a working pod must not tear it down.
-	hostName := hostVethName(args.ContainerID)
+	hostName := hostVethName(att)
 	done, vethMade := false, false
 	defer func() {
 		if done {
@@ -199,6 +209,10 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 	}, nil
 }
 
+// secondaryRouteMetric is the metric base of the routes of a pod's second
+// and further interfaces (plus the interface's index).
+const secondaryRouteMetric = 100
+
 // configurePodSide runs in the pod's netns: address, a route to the gateway,
 // the default route, and a permanent neighbor entry for the gateway.
 func configurePodSide(ifName string, podIP, gw netip.Addr, hostMAC net.HardwareAddr) error {
@@ -212,10 +226,22 @@ func configurePodSide(ifName string, podIP, gw netip.Addr, hostMAC net.HardwareA
 	if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: hostPrefix(podIP)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", podIP, ifName, err)
 	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: hostPrefix(gw), Scope: netlink.SCOPE_LINK}); err != nil {
+	// Another interface of the pod (its first) may hold the routes to the
+	// gateway and the default route: this interface's come after them, at
+	// a metric of their own, so both interfaces work and the first stays
+	// the pod's way out.
+	addRoute := func(r *netlink.Route) error {
+		err := netlink.RouteAdd(r)
+		if errors.Is(err, unix.EEXIST) {
+			r.Priority = secondaryRouteMetric + link.Attrs().Index
+			err = netlink.RouteAdd(r)
+		}
+		return err
+	}
+	if err := addRoute(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: hostPrefix(gw), Scope: netlink.SCOPE_LINK}); err != nil {
 		return fmt.Errorf("route to gateway %s: %w", gw, err)
 	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+	if err := addRoute(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
 		return fmt.Errorf("default route via %s: %w", gw, err)
 	}
 	family := netlink.FAMILY_V4
@@ -268,7 +294,7 @@ func cmdDel(args *skel.CmdArgs) error {
 
 	// The veth goes first: it is local, and removing the host side removes
 	// the pair and the host route. A veth already gone is fine.
-	if err := ip.DelLinkByName(hostVethName(args.ContainerID)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+	if err := ip.DelLinkByName(hostVethName(att)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
 		return types.NewError(types.ErrInternal, "enimasq-cni: remove veth", err.Error())
 	}
 
@@ -278,6 +304,14 @@ func cmdDel(args *skel.CmdArgs) error {
 	released, err := agent.releaseAttachment(att)
 	if err != nil {
 		return agentError("release of "+p.Owner+" failed", err)
+	}
+	for _, a := range released {
+		if a.Network == "" {
+			// Made when the veth was named after the container alone.
+			if err := ip.DelLinkByName(legacyHostVethName(a.ContainerID)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+				return types.NewError(types.ErrInternal, "enimasq-cni: remove veth", err.Error())
+			}
+		}
 	}
 	if len(released) > 0 {
 		return nil
@@ -368,10 +402,14 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, att ipamapi.Attachment, p pod, 
 		}
 	}
 	if !slices.ContainsFunc(held, func(a ipamapi.AllocationInfo) bool { return a.IP == podIP.String() }) {
-		return fmt.Errorf("the agent has no allocation of %s for attachment %s/%s (pod %s)", podIP, att.ContainerID, att.IfName, p.Owner)
+		return fmt.Errorf("the agent has no allocation of %s for attachment %s (pod %s)", podIP, att, p.Owner)
 	}
-	hostName := hostVethName(args.ContainerID)
+	hostName := hostVethName(att)
 	host, err := netlink.LinkByName(hostName)
+	if err != nil && slices.ContainsFunc(held, func(a ipamapi.AllocationInfo) bool { return a.Network == "" }) {
+		hostName = legacyHostVethName(att.ContainerID)
+		host, err = netlink.LinkByName(hostName)
+	}
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", hostName, err)
 	}
@@ -433,8 +471,9 @@ func familyOf(addr netip.Addr) string {
 }
 
 // cmdGC (CNI 1.1) releases the IPs of every attachment of the network
-// that is not in cni.dev/valid-attachments, and removes their host veths
-// (and so their host routes). Without the key, as cnitool's gc sends it,
+// (its name, conf.Name) that is not in cni.dev/valid-attachments, and
+// removes their host veths (and so their host routes); the attachments of
+// other networks are not looked at. Without the key, as cnitool's gc sends it,
 // no attachment is valid. Allocations made through the agent API (no
 // attachment) are not the plugin's: they stay.
 func cmdGC(args *skel.CmdArgs) error {
@@ -443,25 +482,23 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	valid := make([]ipamapi.Attachment, 0, len(conf.ValidAttachments))
-	validContainers := map[string]bool{}
 	for _, a := range conf.ValidAttachments {
-		valid = append(valid, ipamapi.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
-		validContainers[a.ContainerID] = true
+		valid = append(valid, ipamapi.Attachment{Network: conf.Name, ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	agent := newAgentClient(conf.AgentSocket, 30*time.Second)
-	released, err := agent.gc(valid)
+	released, err := agent.gc(conf.Name, valid)
 	if err != nil {
 		return agentError("GC failed", err)
 	}
-	// The host veth is named after the container: one that a valid
-	// attachment of the same container still uses stays.
+	// Each released attachment's veth goes: it is its own (named after its
+	// container and interface).
 	var errs []error
 	for _, a := range released {
-		if a.ContainerID == "" || validContainers[a.ContainerID] {
+		if a.ContainerID == "" {
 			continue
 		}
-		if err := ip.DelLinkByName(hostVethName(a.ContainerID)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
-			errs = append(errs, fmt.Errorf("remove veth of %s: %w", a.ContainerID, err))
+		if err := ip.DelLinkByName(hostVethName(a.Attachment())); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+			errs = append(errs, fmt.Errorf("remove veth of %s: %w", a.Attachment(), err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -172,8 +172,7 @@ func ipamCommand(o *options) *cobra.Command {
 				if eni == "" {
 					eni = "-"
 				}
-				att := ipam.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}
-				line := a.IP + "\t" + a.Owner + "\t" + att.String() + "\t" + eni
+				line := a.IP + "\t" + a.Owner + "\t" + a.Attachment().String() + "\t" + eni
 				if a.State != string(ipam.StateAllocated) {
 					line += "\t" + a.State
 					if a.Reason != "" {

@@ -5,9 +5,11 @@
 // every pod, stays small, and both sides read one definition.
 package ipamapi
 
-// Attachment is the CNI spec's attachment key: the container ID and the
-// interface name in the container.
+// Attachment is the CNI spec's attachment key: the network name, the
+// container ID and the interface name in the container. Network is empty
+// for an attachment recorded before networks were (checkpoint version 2).
 type Attachment struct {
+	Network     string `json:"network,omitempty"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifname"`
 }
@@ -15,7 +17,7 @@ type Attachment struct {
 // IsZero says whether there is no attachment (an allocation of the API).
 func (a Attachment) IsZero() bool { return a == Attachment{} }
 
-// String is "containerID/ifname" with the container ID cut to 12
+// String is "[network:]containerID/ifname" with the container ID cut to 12
 // characters, as container runtimes show it; "-" when there is none.
 func (a Attachment) String() string {
 	if a.IsZero() {
@@ -24,6 +26,9 @@ func (a Attachment) String() string {
 	id := a.ContainerID
 	if len(id) > 12 {
 		id = id[:12]
+	}
+	if a.Network != "" {
+		return a.Network + ":" + id + "/" + a.IfName
 	}
 	return id + "/" + a.IfName
 }
@@ -36,6 +41,7 @@ func (a Attachment) String() string {
 type Request struct {
 	Owner       string `json:"owner"`
 	PodUID      string `json:"podUID,omitempty"`
+	Network     string `json:"network,omitempty"`
 	ContainerID string `json:"containerID,omitempty"`
 	IfName      string `json:"ifname,omitempty"`
 	Family      string `json:"family,omitempty"`
@@ -44,7 +50,10 @@ type Request struct {
 
 // Attachment is the request's attachment (zero without a container ID).
 func (r Request) Attachment() Attachment {
-	return Attachment{ContainerID: r.ContainerID, IfName: r.IfName}
+	if r.ContainerID == "" && r.IfName == "" {
+		return Attachment{} // an API allocation: a network name alone is no attachment
+	}
+	return Attachment{Network: r.Network, ContainerID: r.ContainerID, IfName: r.IfName}
 }
 
 // AllocationResult is what an allocation returns, with the JSON field names
@@ -63,6 +72,7 @@ type AllocationInfo struct {
 	IP          string `json:"ip"`
 	Owner       string `json:"owner"`
 	PodUID      string `json:"podUID,omitempty"`
+	Network     string `json:"network,omitempty"`
 	ContainerID string `json:"containerID,omitempty"`
 	IfName      string `json:"ifname,omitempty"`
 	Family      string `json:"family"`
@@ -73,12 +83,14 @@ type AllocationInfo struct {
 
 // Attachment is the allocation's attachment (zero for the API's own).
 func (i AllocationInfo) Attachment() Attachment {
-	return Attachment{ContainerID: i.ContainerID, IfName: i.IfName}
+	return Attachment{Network: i.Network, ContainerID: i.ContainerID, IfName: i.IfName}
 }
 
 // GCRequest lists the attachments the runtime still has (the CNI's GC),
 // the body of POST /v1/ipam/gc.
+// A GC is of one network: it releases that network's attachments only.
 type GCRequest struct {
+	Network          string       `json:"network"`
 	ValidAttachments []Attachment `json:"validAttachments"`
 }
 
