@@ -142,6 +142,20 @@ func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		ip := netip.MustParseAddr(result.IP)
 		if err := a.alloc.WaitProgrammed(ctx, ip); err != nil {
+			if created && !req.Attachment().IsZero() {
+				// A CNI ADD that fails leaves nothing behind: the allocation it
+				// made goes, and its rules with it. (An API client's stays, with
+				// the result, to be waited for again or released.)
+				if _, rerr := a.alloc.Release(ip); rerr != nil {
+					err = errors.Join(err, fmt.Errorf("releasing %s again: %w", ip, rerr))
+				} else {
+					err = fmt.Errorf("%w; %s is released again", err, ip)
+				}
+				a.log.Warn("The pod's rules are not programmed: allocation undone", "ip", ip, "owner", req.Owner,
+					"attachment", req.Attachment(), "error", err)
+				writeError(w, err, nil)
+				return
+			}
 			a.log.Warn("Allocated, but the pod's rules are not programmed", "ip", ip, "owner", req.Owner, "error", err)
 			writeError(w, err, &result)
 			return

@@ -155,6 +155,7 @@ func TestAPI(t *testing.T) {
 		}
 	}
 
+
 	for _, owner := range []string{"shop/b", "shop/d", "shop/e"} {
 		if code, body := a.do("POST", "/v1/ipam", `{"owner": "`+owner+`"}`); code != http.StatusCreated {
 			t.Fatalf("POST %s: %d %s", owner, code, body)
@@ -180,6 +181,21 @@ func TestAPI(t *testing.T) {
 		rules, _ := ipam.KernelRules(n.Handle(), []int{unix.AF_INET})
 		return !strings.Contains(rules, "10.130.100.133"), rules
 	})
+
+	// The same for a CNI ADD (an attachment): nothing is left behind. The
+	// allocation it made is released (and its rules with it); the IP is
+	// free for the next.
+	if code, body := a.do("DELETE", "/v1/ipam/10.130.112.20", ""); code != http.StatusOK {
+		t.Fatalf("DELETE shop/c's 10.130.112.20: %d %s", code, body)
+	}
+	code, body = a.do("POST", "/v1/ipam?wait=true&timeout=300ms",
+		`{"owner": "shop/g", "network": "enimasq", "containerID": "ctr-g", "ifname": "eth0", "ip": "10.130.112.20"}`)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "rules-failed") || !strings.Contains(body, "10.130.112.20 is released again") {
+		t.Errorf("CNI ADD whose rules fail: %d %s, want 503 rules-failed, released again", code, body)
+	}
+	if code, body := a.do("GET", "/v1/ipam/10.130.112.20", ""); code != http.StatusNotFound {
+		t.Errorf("after the failed CNI ADD the IP is still allocated: %d %s", code, body)
+	}
 }
 
 // Before the CiliumNode is read, the API answers 503 not-ready.
