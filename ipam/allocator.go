@@ -363,6 +363,31 @@ func (a *Allocator) releaseAll(pick func(statedb.ReadTxn) []*Allocation) ([]*All
 // allocation" for every running pod.
 func (a *Allocator) Restored() error { return a.ready(a.db.ReadTxn(), false) }
 
+// CanAllocate says whether an ADD of family would get an IP now, and how
+// many are free: an error wrapping ErrNotReady (the checkpoint, the
+// CiliumNode or the ip-masq-agent CIDRs not loaded: an ADD is refused the
+// same) or ErrPoolExhausted, else nil. A config error whose last good state
+// is in force is no reason: allocation goes on with it.
+func (a *Allocator) CanAllocate(family string) (free int, err error) {
+	txn := a.db.ReadTxn()
+	if err := a.ready(txn, true); err != nil {
+		return 0, err
+	}
+	pool := a.pool(txn)
+	for _, ip := range pool.order {
+		if familyOf(ip) != family {
+			continue
+		}
+		if _, _, taken := a.allocs.Get(txn, AllocationIPIndex.Query(ip)); !taken {
+			free++
+		}
+	}
+	if free == 0 {
+		return 0, fmt.Errorf("%w: no free %s address (the pool has %d addresses of all families)", ErrPoolExhausted, family, pool.Len())
+	}
+	return free, nil
+}
+
 // Allocations returns every allocation, by IP.
 func (a *Allocator) Allocations() []*Allocation {
 	return statedb.Collect(a.allocs.All(a.db.ReadTxn()))

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,6 +58,7 @@ func NewAPI(alloc *Allocator, log *slog.Logger) *API {
 	a := &API{alloc: alloc, log: log, mux: http.NewServeMux()}
 	a.mux.HandleFunc("POST /v1/ipam", a.allocate)
 	a.mux.HandleFunc("GET /v1/ipam", a.list)
+	a.mux.HandleFunc("GET /v1/ipam/status", a.status)
 	a.mux.HandleFunc("GET /v1/ipam/{ip}", a.get)
 	a.mux.HandleFunc("DELETE /v1/ipam/{ip}", a.release)
 	a.mux.HandleFunc("POST /v1/ipam/release", a.releaseAttachment)
@@ -259,6 +261,23 @@ func pathIP(r *http.Request) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("%w: %q is not an IP address", ErrInvalidRequest, s)
 	}
 	return ip.Unmap(), nil
+}
+
+// status answers whether an allocation (a CNI ADD) of ?family= (default
+// ipv4) would get an IP now: 200 {"free": N}, or the error an ADD would get
+// (503 not-ready, 503 pool-exhausted). The CNI's STATUS asks it.
+func (a *API) status(w http.ResponseWriter, r *http.Request) {
+	family := cmp.Or(r.URL.Query().Get("family"), FamilyIPv4)
+	if family != FamilyIPv4 && family != FamilyIPv6 {
+		writeError(w, fmt.Errorf("%w: family=%q: want ipv4 or ipv6", ErrInvalidRequest, family), nil)
+		return
+	}
+	free, err := a.alloc.CanAllocate(family)
+	if err != nil {
+		writeError(w, err, nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"free": free})
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) {

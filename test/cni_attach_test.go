@@ -338,3 +338,64 @@ func TestPrivilegedCNIAttachGCIsOfItsNetwork(t *testing.T) {
 	wantGone(t, a, topo, api, "sandbox-b", ipB)
 	wantAttachment(t, topo, api, netA, "sandbox-a", ipA, podA, nsA)
 }
+
+// STATUS says whether an ADD would work for the agent's state: it fails
+// (50) while the agent has no CiliumNode, when an ADD fails too; it
+// succeeds once it has one, and still with an invalid ip-masq-agent file
+// (the last good CIDRs in force, ADDs work); with the pool exhausted it
+// fails with 51 ("cannot allocate new IP addresses").
+func TestPrivilegedCNIAttachStatusSaysWhetherAnADDWorks(t *testing.T) {
+	requireIPAM(t)
+	topo := newVPCTopology(t)
+	a := NewAgent(t)
+	a.NetNSName = topo.Node
+	configPath := filepath.Join(a.Dir, "config", "ip-masq-agent")
+	nodePath := filepath.Join(a.Dir, "node", "ciliumnode.yaml")
+	WriteFileAtomic(t, configPath, sample(t, "ip-masq-agent.yaml"))
+	a.Args = append(a.Args, "--enable-ip-masq-agent", "--enable-bpf-masquerade", "--ip-masq-agent-config-path", configPath,
+		"--ciliumnode-path", nodePath, "--ciliumnode-resync-interval=100ms")
+	a.Start()
+	a.WaitHealthy()
+	cni, pods, api := newLibCNI(t, topo, a.APISocket()), newCNIRuntime(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+	web := podRef{"shop", "web", ""}
+	nsWeb := pods.newPod("web")
+
+	if err := cni.status(); cniErrorCode(err) != 50 || !strings.Contains(err.Error(), "no CiliumNode") {
+		t.Errorf("STATUS without a CiliumNode: %v (code %d), want 50 naming the CiliumNode", err, cniErrorCode(err))
+	}
+	if _, err := cni.add(runtimeConf("status-web", "eth0", nsWeb, web)); cniErrorCode(err) != 11 {
+		t.Errorf("ADD without a CiliumNode: %v (code %d), want 11 (try again later)", err, cniErrorCode(err))
+	}
+
+	WriteFileAtomic(t, nodePath, sample(t, "ciliumnode.yaml"))
+	a.WaitFor("STATUS OK with the CiliumNode", func() bool { return cni.status() == nil })
+	cni.mustAdd(runtimeConf("status-web", "eth0", nsWeb, web))
+
+	WriteFileAtomic(t, configPath, "nonMasqueradeCIDRs: [10.0.0.0/33]\n")
+	a.WaitFor("the invalid ip-masq-agent file reported", func() bool {
+		out, _, _ := a.Dbg("health")
+		return strings.Contains(out, "ipmasq") && strings.Contains(out, "Degraded")
+	})
+	if err := cni.status(); err != nil {
+		t.Errorf("STATUS with an invalid ip-masq-agent file (the last good one in force): %v", err)
+	}
+	db := podRef{"shop", "db", ""}
+	cni.mustAdd(runtimeConf("status-db", "eth0", pods.newPod("db"), db))
+
+	// The rest of the pool through the API, then STATUS says no IP is left.
+	for i := 0; ; i++ {
+		code, body, err := api.do(http.MethodPost, "/v1/ipam", map[string]string{"owner": fmt.Sprintf("shop/fill-%d", i)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusServiceUnavailable && strings.Contains(string(body), "pool-exhausted") {
+			break
+		}
+		if code != http.StatusCreated || i > 100 {
+			t.Fatalf("filling the pool: %d %s", code, body)
+		}
+	}
+	if err := cni.status(); cniErrorCode(err) != 51 {
+		t.Errorf("STATUS with the pool exhausted: %v (code %d), want 51", err, cniErrorCode(err))
+	}
+}

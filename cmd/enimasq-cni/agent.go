@@ -163,6 +163,12 @@ func (c *agentClient) legacyAllocations(owners []string, family string) ([]ipama
 	return out, nil
 }
 
+// canAllocate asks the agent whether an ADD of family would get an IP now.
+func (c *agentClient) canAllocate(family string) error {
+	_, err := c.do(http.MethodGet, "/v1/ipam/status?"+url.Values{"family": {family}}.Encode(), nil, nil)
+	return err
+}
+
 func (c *agentClient) healthy() error {
 	_, err := c.do(http.MethodGet, "/healthz", nil, nil)
 	return err

@@ -516,18 +516,32 @@ func containsRouteVia(routes []netlink.Route, ifindex int) bool {
 	return false
 }
 
-// errPluginNotAvailable is the CNI 1.1 STATUS error code 50 ("the plugin is
-// not available"), which containernetworking/cni v1.3.0 (the version Cilium
-// v1.20.2 pins) does not name yet.
-const errPluginNotAvailable uint = 50
+// The CNI 1.1 STATUS error codes, which containernetworking/cni v1.3.0 (the
+// version Cilium v1.20.2 pins) does not name yet: 50 "the plugin is not
+// available" (cannot service ADD requests), 51 "the plugin is not able to
+// allocate new IP addresses".
+const (
+	errPluginNotAvailable uint = 50
+	errNoIPsAvailable     uint = 51
+)
 
+// cmdStatus answers whether an ADD would work now, as the agent's state
+// says: the agent running and ready to allocate (its checkpoint, CiliumNode
+// and ip-masq-agent CIDRs loaded) with a free IP of the family. A module
+// that is Degraded while the last good state is in force (an invalid
+// ip-masq-agent file) does not stop ADDs and does not fail STATUS.
 func cmdStatus(args *skel.CmdArgs) error {
 	conf, err := netConf(args)
 	if err != nil {
 		return err
 	}
-	if err := newAgentClient(conf.AgentSocket, 5*time.Second).healthy(); err != nil {
-		return types.NewError(errPluginNotAvailable, "enimasq-cni: "+err.Error(), "")
+	err = newAgentClient(conf.AgentSocket, 5*time.Second).canAllocate(conf.Family)
+	var e *apiError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &e) && e.Body.Reason == "pool-exhausted":
+		return types.NewError(errNoIPsAvailable, "enimasq-cni: "+e.Body.Message, "")
 	}
-	return nil
+	return types.NewError(errPluginNotAvailable, "enimasq-cni: "+err.Error(), "")
 }
