@@ -397,7 +397,7 @@ func (a *Allocator) writeCheckpoint(txn statedb.ReadTxn) error {
 	var entries []CheckpointEntry
 	for al := range a.allocs.All(txn) {
 		entries = append(entries, CheckpointEntry{IP: al.IP, Owner: al.Owner, PodUID: al.PodUID,
-			Network: al.Attachment.Network, ContainerID: al.Attachment.ContainerID, IfName: al.Attachment.IfName})
+			Network: al.Attachment.Network, ContainerID: al.Attachment.ContainerID, IfName: al.Attachment.IfName, V1: al.V1})
 	}
 	if err := WriteCheckpoint(a.checkpoint, entries); err != nil {
 		a.log.Error("Cannot write the allocations checkpoint: change refused", "error", err)
@@ -424,7 +424,7 @@ func (a *Allocator) restore(ctx context.Context, health cell.Health) error {
 			a.mu.Lock()
 			wtxn := a.db.WriteTxn(a.allocs)
 			for _, e := range entries {
-				a.allocs.Insert(wtxn, &Allocation{IP: e.IP.Unmap(), Owner: e.Owner, PodUID: e.PodUID, Attachment: e.attachment(), State: StateRestored})
+				a.allocs.Insert(wtxn, &Allocation{IP: e.IP.Unmap(), Owner: e.Owner, PodUID: e.PodUID, Attachment: e.attachment(), V1: e.V1, State: StateRestored})
 			}
 			a.restoreDone(wtxn)
 			wtxn.Commit()

@@ -41,7 +41,7 @@ const (
 func infoOf(a *Allocation) AllocationInfo {
 	return AllocationInfo{
 		IP: a.IP.String(), Owner: a.Owner, PodUID: a.PodUID,
-		Network: a.Attachment.Network, ContainerID: a.Attachment.ContainerID, IfName: a.Attachment.IfName, Family: a.Family(), ENI: a.ENI,
+		Network: a.Attachment.Network, ContainerID: a.Attachment.ContainerID, IfName: a.Attachment.IfName, Family: a.Family(), V1: a.V1, ENI: a.ENI,
 		State: string(a.State), Reason: a.Reason,
 	}
 }

@@ -155,7 +155,6 @@ func TestAPI(t *testing.T) {
 		}
 	}
 
-
 	for _, owner := range []string{"shop/b", "shop/d", "shop/e"} {
 		if code, body := a.do("POST", "/v1/ipam", `{"owner": "`+owner+`"}`); code != http.StatusCreated {
 			t.Fatalf("POST %s: %d %s", owner, code, body)

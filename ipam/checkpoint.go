@@ -45,6 +45,8 @@ type CheckpointEntry struct {
 	Network     string     `json:"network,omitempty"`
 	ContainerID string     `json:"containerID,omitempty"`
 	IfName      string     `json:"ifname,omitempty"`
+	// V1 marks an allocation migrated from a version-1 checkpoint.
+	V1 bool `json:"v1,omitempty"`
 }
 
 func (e CheckpointEntry) attachment() Attachment {
@@ -76,15 +78,16 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 	case checkpointVersion:
 	case 2:
 		for i, e := range c.Allocations {
-			if e.Network != "" {
-				return nil, fmt.Errorf("%s: allocations[%d]: version 2 has no network", path, i)
+			if e.Network != "" || e.V1 {
+				return nil, fmt.Errorf("%s: allocations[%d]: version 2 has no network and no v1 mark", path, i)
 			}
 		}
 	case 1:
 		for i, e := range c.Allocations {
-			if !e.attachment().IsZero() || e.PodUID != "" {
+			if !e.attachment().IsZero() || e.PodUID != "" || e.V1 {
 				return nil, fmt.Errorf("%s: allocations[%d]: version 1 has no attachment", path, i)
 			}
+			c.Allocations[i].V1 = true
 		}
 	default:
 		return nil, fmt.Errorf("%s: version %d, this agent reads versions 1 to %d", path, c.Version, checkpointVersion)

@@ -84,7 +84,8 @@ func TestCheckpointRejectsBadFiles(t *testing.T) {
 
 // TestCheckpointVersion1IsMigrated: a checkpoint written before attachments
 // (version 1, owners checked by the old rule) is read, its allocations
-// without attachment; the next write is version 3.
+// without attachment and marked V1 (their pods' DEL releases them, an API
+// allocation's never); the next write is version 3, the mark kept.
 func TestCheckpointVersion1IsMigrated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFile)
 	os.WriteFile(path, []byte(`{"version": 1, "allocations": [{"ip": "10.0.0.1", "owner": "shop/db-0"}, {"ip": "10.0.0.2", "owner": "cni/ABC_1"}]}`), 0o600)
@@ -92,7 +93,7 @@ func TestCheckpointVersion1IsMigrated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []CheckpointEntry{{IP: netip.MustParseAddr("10.0.0.1"), Owner: "shop/db-0"}, {IP: netip.MustParseAddr("10.0.0.2"), Owner: "cni/ABC_1"}}
+	want := []CheckpointEntry{{IP: netip.MustParseAddr("10.0.0.1"), Owner: "shop/db-0", V1: true}, {IP: netip.MustParseAddr("10.0.0.2"), Owner: "cni/ABC_1", V1: true}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("read %v, want %v", got, want)
 	}

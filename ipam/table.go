@@ -186,6 +186,11 @@ type Allocation struct {
 	// PodUID is the pod's UID, when the runtime passed K8S_POD_UID.
 	PodUID     string     `json:",omitempty"`
 	Attachment Attachment `json:",omitzero"`
+	// V1 marks an allocation restored from a version-1 checkpoint (made by
+	// the CNI before attachments were recorded): the DEL of its owner's pod
+	// releases it. An allocation of the API (no attachment, not V1) is
+	// released only through the API.
+	V1 bool `json:",omitempty"`
 	// ENI is the ENI whose pool holds the IP ("" when none does).
 	ENI    string
 	State  AllocationState

@@ -399,3 +399,21 @@ func TestPrivilegedCNIAttachStatusSaysWhetherAnADDWorks(t *testing.T) {
 		t.Errorf("STATUS with the pool exhausted: %v (code %d), want 51", err, cniErrorCode(err))
 	}
 }
+
+// A DEL of an attachment never added touches nothing, also when the pod's
+// name owns an allocation made through the agent API: only allocations of
+// a version-1 checkpoint (the CNI's, from before attachments) are released
+// by their pod's DEL.
+func TestPrivilegedCNIAttachDELOfNeverAddedKeepsAPIAllocations(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"))
+	cni, api := newLibCNI(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+	code, body, err := api.do(http.MethodPost, "/v1/ipam", map[string]string{"owner": "shop/web"}, nil)
+	if err != nil || code != http.StatusCreated {
+		t.Fatalf("API allocation for shop/web: %d %s %v", code, body, err)
+	}
+	cni.mustDel(runtimeConf("never-added", "eth0", "", podRef{"shop", "web", ""}))
+	if rows := api.list(t, ""); len(rows) != 1 || rows[0].Owner != "shop/web" {
+		t.Errorf("after the DEL of a never-added attachment of shop/web the agent holds %+v, want the API's allocation", rows)
+	}
+}

@@ -147,8 +147,9 @@ func (c *agentClient) attachmentAllocations(att ipamapi.Attachment) ([]ipamapi.A
 }
 
 // legacyAllocations returns the allocations of family without an
-// attachment whose owner is one of owners: allocations of a version-1
-// checkpoint (or of an API client) that belong to the pod.
+// attachment whose owner is one of owners, restored from a version-1
+// checkpoint: the CNI's, made before attachments were recorded. An API
+// client's allocation of the same owner is not the CNI's: never listed.
 func (c *agentClient) legacyAllocations(owners []string, family string) ([]ipamapi.AllocationInfo, error) {
 	var list []ipamapi.AllocationInfo
 	if _, err := c.do(http.MethodGet, "/v1/ipam", nil, &list); err != nil {
@@ -156,7 +157,7 @@ func (c *agentClient) legacyAllocations(owners []string, family string) ([]ipama
 	}
 	var out []ipamapi.AllocationInfo
 	for _, a := range list {
-		if a.ContainerID == "" && a.Family == family && slices.Contains(owners, a.Owner) {
+		if a.V1 && a.ContainerID == "" && a.Family == family && slices.Contains(owners, a.Owner) {
 			out = append(out, a)
 		}
 	}

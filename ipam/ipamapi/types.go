@@ -76,9 +76,12 @@ type AllocationInfo struct {
 	ContainerID string `json:"containerID,omitempty"`
 	IfName      string `json:"ifname,omitempty"`
 	Family      string `json:"family"`
-	ENI         string `json:"eni,omitempty"`
-	State       string `json:"state"`
-	Reason      string `json:"reason,omitempty"`
+	// V1: restored from a version-1 checkpoint, made by the CNI before
+	// attachments were recorded (its pod's DEL releases it).
+	V1     bool   `json:"v1,omitempty"`
+	ENI    string `json:"eni,omitempty"`
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Attachment is the allocation's attachment (zero for the API's own).
