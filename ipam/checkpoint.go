@@ -1,6 +1,8 @@
 package ipam
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,8 +34,27 @@ const checkpointVersion = 3
 //	{"version": 3, "allocations": [{"ip": "10.130.100.133", "owner": "shop/web",
 //	  "podUID": "...", "network": "enimasq", "containerID": "...", "ifname": "eth0"}]}
 type checkpoint struct {
-	Version     int               `json:"version"`
+	Version int `json:"version"`
+	// SHA256 (version 3) is the hex SHA-256 of the allocations as JSON
+	// (json.Marshal of the list): a file damaged anywhere, also into
+	// another valid checkpoint (a digit of an IP changed), is refused
+	// rather than read as fewer or other allocations, whose IPs would be
+	// handed out again.
+	SHA256      string            `json:"sha256,omitempty"`
 	Allocations []CheckpointEntry `json:"allocations"`
+}
+
+// allocationsSum is checkpoint.SHA256 of entries.
+func allocationsSum(entries []CheckpointEntry) (string, error) {
+	if entries == nil {
+		entries = []CheckpointEntry{}
+	}
+	data, err := json.Marshal(entries)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // CheckpointEntry is one allocation as checkpointed: the ENI and the state
@@ -75,14 +96,20 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 		return nil, fmt.Errorf("%s: not an allocations checkpoint: %w", path, err)
 	}
 	switch c.Version {
-	case checkpointVersion:
+	case checkpointVersion: // its sum is checked below, once its entries are
 	case 2:
+		if c.SHA256 != "" {
+			return nil, fmt.Errorf("%s: version 2 has no sha256", path)
+		}
 		for i, e := range c.Allocations {
 			if e.Network != "" || e.V1 {
 				return nil, fmt.Errorf("%s: allocations[%d]: version 2 has no network and no v1 mark", path, i)
 			}
 		}
 	case 1:
+		if c.SHA256 != "" {
+			return nil, fmt.Errorf("%s: version 1 has no sha256", path)
+		}
 		for i, e := range c.Allocations {
 			if !e.attachment().IsZero() || e.PodUID != "" || e.V1 {
 				return nil, fmt.Errorf("%s: allocations[%d]: version 1 has no attachment", path, i)
@@ -115,6 +142,15 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 			seen[ip] = true
 		}
 	}
+	if c.Version == checkpointVersion {
+		sum, err := allocationsSum(c.Allocations)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if c.SHA256 != sum {
+			return nil, fmt.Errorf("%s: sha256 %q does not match its allocations (%s): the file is damaged", path, c.SHA256, sum)
+		}
+	}
 	return c.Allocations, nil
 }
 
@@ -127,7 +163,11 @@ func WriteCheckpoint(path string, entries []CheckpointEntry) error {
 	if entries == nil {
 		entries = []CheckpointEntry{}
 	}
-	data, err := json.MarshalIndent(checkpoint{Version: checkpointVersion, Allocations: entries}, "", "  ")
+	sum, err := allocationsSum(entries)
+	if err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(checkpoint{Version: checkpointVersion, SHA256: sum, Allocations: entries}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package ipam
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -126,4 +128,69 @@ func TestCheckpointIsStrict(t *testing.T) {
 			t.Errorf("%s: %v, %v; want an error naming %s and saying %q", tc.name, got, err, path, tc.want)
 		}
 	}
+}
+
+// Whatever damage a checkpoint takes (bytes changed, lost, added, the file
+// cut short), it is refused or read as it was written: never as fewer or
+// other allocations, whose IPs would go to new pods while their attachments
+// run.
+func TestCheckpointDamageNeverLosesAnAllocation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFile)
+	var entries []CheckpointEntry
+	for i := range 12 {
+		e := CheckpointEntry{IP: netip.AddrFrom4([4]byte{10, 130, 100, byte(133 + i)}), Owner: fmt.Sprintf("shop/pod-%d", i)}
+		switch i % 3 {
+		case 0:
+			e.Network, e.ContainerID, e.IfName, e.PodUID = "enimasq", fmt.Sprintf("ctr%d", i), "eth0", "6c1e4bd0-0f5a-4d5b-9a55-7a6b1e0d9c01"
+		case 1:
+			e.V1 = true
+		}
+		entries = append(entries, e)
+	}
+	if err := WriteCheckpoint(path, entries); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ReadCheckpoint(path)
+	if err != nil || len(want) != len(entries) {
+		t.Fatalf("the written checkpoint reads as %v, %v", want, err)
+	}
+
+	seed := rand.Uint64()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	accepted := 0
+	for round := range 5000 {
+		data := slices.Clone(good)
+		for range 1 + rng.IntN(3) {
+			if len(data) == 0 {
+				break
+			}
+			i := rng.IntN(len(data))
+			switch rng.IntN(4) {
+			case 0: // a byte changed, to a character of JSON's sort
+				data[i] = "0123456789abcdef.:,\"{}[] \n"[rng.IntN(26)]
+			case 1: // a byte lost
+				data = slices.Delete(data, i, i+1)
+			case 2: // a byte added
+				data = slices.Insert(data, i, "0123456789.:,\" "[rng.IntN(15)])
+			case 3: // cut short
+				data = data[:i]
+			}
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadCheckpoint(path)
+		if err != nil {
+			continue
+		}
+		accepted++
+		if !slices.Equal(got, want) {
+			t.Fatalf("seed %d, round %d: the damaged checkpoint\n%s\nreads as %v\nwant the written %v or an error", seed, round, data, got, want)
+		}
+	}
+	t.Logf("seed %d: %d of 5000 damaged checkpoints read (as written: whitespace only), the rest refused", seed, accepted)
 }
