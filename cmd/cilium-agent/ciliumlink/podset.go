@@ -113,7 +113,6 @@ type podSetParams struct {
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
-	Health    cell.Health
 	External  *ipam.ExternalAllocations `optional:"true"`
 	Endpoints endpointmanager.EndpointManager
 	Restorer  promise.Promise[endpointstate.Restorer]
