@@ -29,6 +29,7 @@ const IPAMModeENI = nodeconfig.IPAMModeENI
 type Config struct {
 	CiliumNodePath          string        `mapstructure:"ciliumnode-path"`
 	CiliumNodeResync        time.Duration `mapstructure:"ciliumnode-resync-interval"`
+	CiliumNodeLossGrace     time.Duration `mapstructure:"ciliumnode-loss-grace"`
 	ENIEgressRuleMode       string        `mapstructure:"eni-egress-rule-mode"`
 	ENINetlinkRetryMin      time.Duration `mapstructure:"eni-netlink-retry-min"`
 	ENINetlinkRetryMax      time.Duration `mapstructure:"eni-netlink-retry-max"`
@@ -39,6 +40,7 @@ type Config struct {
 var DefaultConfig = Config{
 	CiliumNodePath:          "/etc/config/ciliumnode",
 	CiliumNodeResync:        60 * time.Second,
+	CiliumNodeLossGrace:     30 * time.Second,
 	ENIEgressRuleMode:       EgressModeCIDR,
 	ENINetlinkRetryMin:      100 * time.Millisecond,
 	ENINetlinkRetryMax:      time.Minute,
@@ -48,6 +50,7 @@ var DefaultConfig = Config{
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("ciliumnode-path", def.CiliumNodePath, "CiliumNode file of this node (YAML or JSON, as kubectl get ciliumnode NODE -o yaml prints it); its directory is watched. With the Kubernetes API server enabled, the CiliumNode named after the node is read from it instead, and setting this flag is an error")
 	flags.Duration("ciliumnode-resync-interval", def.CiliumNodeResync, "Re-read the CiliumNode file this often, in case a file event was missed")
+	flags.Duration("ciliumnode-loss-grace", def.CiliumNodeLossGrace, "Keep an ENI, or pool IPs of one, that leave the CiliumNode this long before their pods' rules and routes go (a CiliumNode briefly cut short costs no running pod its rules); 0: at once")
 	flags.String("eni-egress-rule-mode", def.ENIEgressRuleMode, `Pod egress ip rules: "cidr" (one rule per CIDR of the allocation result) or "all" (one rule for all destinations)`)
 	flags.Duration("eni-netlink-retry-min", def.ENINetlinkRetryMin, "Backoff before the first retry of a failed ip rule or route")
 	flags.Duration("eni-netlink-retry-max", def.ENINetlinkRetryMax, "Longest backoff between retries of a failed ip rule or route")
@@ -148,6 +151,8 @@ func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
 	switch {
 	case c.CiliumNodePath == "":
 		return Settings{}, fmt.Errorf("--ciliumnode-path must not be empty")
+	case c.CiliumNodeLossGrace < 0:
+		return Settings{}, fmt.Errorf("--ciliumnode-loss-grace %s: must not be negative", c.CiliumNodeLossGrace)
 	case c.CiliumNodeResync <= 0:
 		return Settings{}, fmt.Errorf("--ciliumnode-resync-interval %s: must be positive", c.CiliumNodeResync)
 	case c.ENINetlinkRetryMin <= 0 || c.ENINetlinkRetryMax < c.ENINetlinkRetryMin:

@@ -35,14 +35,25 @@ func ReadCiliumNodeFile(path string) (*CiliumNode, error) {
 type source struct {
 	*filesource.Source[*ENI, string]
 	path string // the file, or "ciliumnodes/<node>": the prefix of parse errors
+	// hold keeps what leaves the CiliumNode for --ciliumnode-loss-grace.
+	hold *lossHold
 }
 
 func newSource(path string, p sourceParams, initDone func(statedb.WriteTxn)) *source {
-	s := &source{path: path}
+	s := &source{path: path, hold: newLossHold(p.Config.CiliumNodeLossGrace)}
 	s.Source = &filesource.Source[*ENI, string]{
-		Dir:     filepath.Dir(path),
-		Period:  func() time.Duration { return p.Config.CiliumNodeResync },
-		Read:    func() (*filesource.Input[*ENI], error) { return input(ReadCiliumNodeFile(path)) },
+		Dir: filepath.Dir(path),
+		// Read again when a hold ends, or at the resync.
+		Period: func() time.Duration {
+			if d := s.hold.next(); d > 0 && d < p.Config.CiliumNodeResync {
+				return d
+			}
+			return p.Config.CiliumNodeResync
+		},
+		Read: func() (*filesource.Input[*ENI], error) {
+			in, err := input(ReadCiliumNodeFile(path))
+			return s.hold.apply(in), err
+		},
 		Failure: s.failure,
 		Messages: filesource.Messages{
 			Warning:    filesource.Line{Msg: "CiliumNode", Attrs: []any{"path", path}},

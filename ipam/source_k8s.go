@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -26,13 +28,17 @@ import (
 type k8sSource struct {
 	*source // path is "ciliumnodes/<node>", the prefix of parse errors
 	client  *k8sclient.Client
+
+	mu   sync.Mutex
+	last *k8sclient.Snapshot // applied again when a hold ends
+	held chan struct{}       // a hold began
 }
 
 func newK8sSource(p sourceParams, initDone func(statedb.WriteTxn)) *k8sSource {
 	node := p.Client.NodeName()
 	s := newSource("ciliumnodes/"+node, p, initDone)
 	s.ValidAgain = filesource.Line{Msg: "CiliumNode is valid and reachable again", Attrs: []any{"node", node}}
-	return &k8sSource{source: s, client: p.Client}
+	return &k8sSource{source: s, client: p.Client, held: make(chan struct{}, 1)}
 }
 
 // checkCiliumNodeSource rejects an explicit --ciliumnode-path together with
@@ -50,13 +56,48 @@ func checkCiliumNodeSource(cfg Config, client *k8sclient.Client) error {
 func (s *k8sSource) run(ctx context.Context, health cell.Health) error {
 	node := s.client.NodeName()
 	s.Log.Info("Watching the CiliumNode in the API server", "node", node, "api-server", s.client.Host())
+	go s.holdEnds(ctx, health)
 	s.client.Watch(ctx, k8sclient.CiliumNodes, "", func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
 	}, func(snap k8sclient.Snapshot) { s.update(health, snap) })
 	return nil
 }
 
+// holdEnds applies the last CiliumNode again when a hold ends: the API
+// server sends no event then.
+func (s *k8sSource) holdEnds(ctx context.Context, health cell.Health) {
+	for {
+		var end <-chan time.Time
+		if d := s.hold.next(); d > 0 {
+			end = time.After(d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.held:
+		case <-end:
+			s.mu.Lock()
+			last := s.last
+			s.mu.Unlock()
+			if last != nil {
+				s.update(health, *last)
+			}
+		}
+	}
+}
+
 func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = &snap
+	defer func() {
+		if s.hold.next() > 0 {
+			select {
+			case s.held <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	node := s.client.NodeName()
 	if snap.Err != nil {
 		kept := "keeping the last ENIs"
@@ -94,7 +135,7 @@ func (s *k8sSource) update(health cell.Health, snap k8sclient.Snapshot) {
 		})
 	default:
 		in, err := s.parse(obj)
-		s.Update(health, in, err)
+		s.Update(health, s.hold.apply(in), err)
 	}
 }
 
