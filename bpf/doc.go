@@ -2,19 +2,13 @@
 // key layout, the map specs and pinning, and generic statedb reconciler
 // operations that keep a map in step with a table.
 //
-// # Why it exists
+// # Keys and entries
 //
-// The AWS VPC CNI network policy agent built malformed LPM keys and then let
-// one bad key freeze a whole map. On an IPv4-only cluster an `except` of
-// 100::/64 became a key with prefix length 64 and four data bytes
-// (40 00 00 00 01 00 00 00): the keys were sized by the cluster's family, not
-// by the address's. The kernel answered EINVAL, and because the bulk refresh
-// returned at the first failed update, the deletion of stale keys that was to
-// follow never ran: entries for recycled pod IPs stayed in the map. Worse,
-// fe80::/10 became the valid-looking IPv4 key 254.128.0.0/10 and was installed
-// silently.
-//
-// This package makes both failures impossible by construction:
+// A key must never be built from a prefix of the other family (a v6 prefix
+// sized as a v4 key is EINVAL, or worse a valid-looking v4 key), and one
+// entry the kernel refuses must never stop the others or the deletion of
+// stale ones (the AWS network policy agent's failures: network-policy.md,
+// "How this differs from the AWS agent"). Both hold by construction:
 //
 //   - A key can only be built from a prefix of the key's own family.
 //     [NewKeyV4] refuses an IPv6 prefix (including an IPv4-mapped ::ffff:a.b.c.d

@@ -19,8 +19,7 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
-// featureTables are the tables the feature cells register; each feature
-// issue adds its own.
+// featureTables are the tables the feature cells register.
 var featureTables = []string{"node-ips", "ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries"}
 
 // TestFeaturesEmbedInAForeignHive builds the feature cells into a hive the way

@@ -2,12 +2,10 @@
 // equal to a statedb table, one map entry per statedb object, through
 // statedb's reconciler and the generic LPM operations of package bpf.
 //
-// It exists because the AWS network policy agent refreshed a pod's map in one
-// bulk operation that stopped at the first key the kernel refused (a v6 except
-// encoded as a v4 key), so neither the remaining updates nor the deletion of
-// stale keys ever ran again. Here every entry has its own status and retry,
-// keys are built only from prefixes of the map's family, and entries of a
-// family the node does not run are skipped and shown as such, never encoded.
+// Every entry has its own status and retry, so that a key the kernel refuses
+// stops neither the other updates nor the deletion of stale keys; keys are
+// built only from prefixes of the map's family, and entries of a family the
+// node does not run are skipped and shown as such, never encoded.
 //
 // The features live in packages of their own, composed by [Module]:
 // masqmap (Cilium's masquerade exemption maps cilium_ipmasq_v4/_v6, from

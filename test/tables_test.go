@@ -1,6 +1,6 @@
 package test
 
-// The tables and health modules every agent has; feature issues add theirs.
+// The tables and health modules of every agent.
 var (
 	agentTables  = []string{"ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries"}
 	agentModules = []string{"node", "shell", "api", "ipmasq", "policymap", "ipam"}

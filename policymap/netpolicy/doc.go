@@ -8,9 +8,7 @@
 // enimasq_egress_v4/_v6 and enimasq_ingress_v4/_v6, which the verdict program
 // in package bpf reads. It runs with --enable-network-policy.
 //
-// The AWS network policy agent refreshed a pod's map in one bulk operation
-// that stopped at the first key the kernel refused (a v6 except encoded as a
-// v4 key); here every entry has its own row, status and retry (see package
+// Every entry is a row of its own, with its own status and retry (package
 // policymap).
 //
 // Files: cell.go (the cell and its registration), config.go (flags),
