@@ -3,7 +3,6 @@ package ipam
 import (
 	"cmp"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/strictyaml"
 	"maps"
 	"net"
 	"net/netip"
@@ -12,6 +11,8 @@ import (
 	"strings"
 
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/enimasq/enimasq/cells/strictyaml"
 )
 
 // maxENINumber keeps the ENI route table (10+number) below the kernel's

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/prefixorder"
 )
 
 // fakeRoute is a route as the kernel keeps it; family, table, dst, tos and
@@ -225,7 +227,7 @@ func (f *FakeNetlink) RouteListFiltered(family int, filter *netlink.Route, filte
 		if c := cmp.Compare(a.Table, b.Table); c != 0 {
 			return c
 		}
-		return comparePrefix(fromIPNet(a.Dst), fromIPNet(b.Dst))
+		return prefixorder.Compare(fromIPNet(a.Dst), fromIPNet(b.Dst))
 	})
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"go4.org/netipx"
@@ -36,13 +37,6 @@ func addrFamily(a netip.Addr) int {
 	return unix.AF_INET6
 }
 
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
-
 // CoalesceCIDRs is the smallest set of prefixes that covers exactly the
 // addresses of in (contained prefixes and duplicates dropped, adjacent ones
 // merged), sorted by address, IPv4 first. It is the set cilium-cni writes
@@ -61,7 +55,7 @@ func CoalesceCIDRs(in []netip.Prefix) []netip.Prefix {
 	if len(out) == 0 {
 		return nil
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, prefixorder.Compare)
 	return out
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 )
 
@@ -43,10 +44,10 @@ func KernelRules(nl Netlink, families []int) (string, error) {
 		if c := cmp.Compare(a.k.Priority, b.k.Priority); c != 0 {
 			return c
 		}
-		if c := comparePrefix(a.k.From, b.k.From); c != 0 {
+		if c := prefixorder.Compare(a.k.From, b.k.From); c != 0 {
 			return c
 		}
-		if c := comparePrefix(a.k.To, b.k.To); c != 0 {
+		if c := prefixorder.Compare(a.k.To, b.k.To); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.k.Table, b.k.Table)
@@ -79,7 +80,7 @@ func KernelRoutes(nl Netlink, families []int) (string, error) {
 		if c := cmp.Compare(a.Table, b.Table); c != 0 {
 			return c
 		}
-		return comparePrefix(routeKeyOf(&a).Dst, routeKeyOf(&b).Dst)
+		return prefixorder.Compare(routeKeyOf(&a).Dst, routeKeyOf(&b).Dst)
 	})
 	var b strings.Builder
 	for i := range routes {

@@ -3,7 +3,6 @@ package ipmasq
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/strictyaml"
 	"maps"
 	"net/netip"
 	"slices"
@@ -13,6 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/enimasq/enimasq/cells/errtext"
+	"github.com/enimasq/enimasq/cells/prefixorder"
+	"github.com/enimasq/enimasq/cells/strictyaml"
 )
 
 // File is the ip-masq-agent config file, YAML or JSON:
@@ -182,9 +183,9 @@ func validate(f File) (Desired, error) {
 		odd = odd || items[i].hostBits
 	}
 	sorted := items
-	if !slices.IsSortedFunc(items, func(a, b item) int { return comparePrefix(a.p, b.p) }) {
+	if !slices.IsSortedFunc(items, func(a, b item) int { return prefixorder.Compare(a.p, b.p) }) {
 		sorted = slices.Clone(items)
-		slices.SortStableFunc(sorted, func(a, b item) int { return comparePrefix(a.p, b.p) })
+		slices.SortStableFunc(sorted, func(a, b item) int { return prefixorder.Compare(a.p, b.p) })
 	}
 	cidrs := make([]netip.Prefix, 0, len(sorted))
 	var dupOf map[int]int // item -> the first item with its prefix
@@ -271,7 +272,7 @@ func fromFile(f File, useDefaults bool) Desired {
 
 // fromCIDRs builds the rows: the configured CIDRs, then link-local unless the
 // file asks to masquerade it (a link-local CIDR also listed keeps "config").
-// cidrs are distinct and sorted (comparePrefix); so are the rows.
+// cidrs are distinct and sorted (prefixorder.Compare); so are the rows.
 func fromCIDRs(cidrs []netip.Prefix, f File) Desired {
 	rows := make([]CIDR, len(cidrs), len(cidrs)+2)
 	for i, p := range cidrs {
@@ -281,7 +282,7 @@ func fromCIDRs(cidrs []netip.Prefix, f File) Desired {
 		p    netip.Prefix
 		masq bool
 	}{{LinkLocalV4, f.MasqLinkLocal}, {LinkLocalV6, f.MasqLinkLocalIPv6}} {
-		at, listed := slices.BinarySearchFunc(rows, ll.p, func(c CIDR, p netip.Prefix) int { return comparePrefix(c.Prefix, p) })
+		at, listed := slices.BinarySearchFunc(rows, ll.p, func(c CIDR, p netip.Prefix) int { return prefixorder.Compare(c.Prefix, p) })
 		if !ll.masq && !listed {
 			rows = slices.Insert(rows, at, CIDR{Prefix: ll.p, Source: SourceLinkLocal})
 		}
@@ -290,15 +291,7 @@ func fromCIDRs(cidrs []netip.Prefix, f File) Desired {
 }
 
 func sortCIDRs(rows []CIDR) {
-	slices.SortFunc(rows, func(a, b CIDR) int { return comparePrefix(a.Prefix, b.Prefix) })
-}
-
-// comparePrefix orders IPv4 before IPv6, then by address, then by length.
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
+	slices.SortFunc(rows, func(a, b CIDR) int { return prefixorder.Compare(a.Prefix, b.Prefix) })
 }
 
 // Encode writes the file that gives back the configured part of d: its

@@ -13,6 +13,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/filewatch"
+	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -56,7 +57,7 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 		},
 		Log: p.Log, DB: p.DB, Table: p.Table, Rows: cidrRows(), InitDone: initDone, Metrics: p.Metrics,
 		// Desired.CIDRs are sorted and distinct.
-		Order: func(a, b *CIDR) int { return comparePrefix(a.Prefix, b.Prefix) },
+		Order: func(a, b *CIDR) int { return prefixorder.Compare(a.Prefix, b.Prefix) },
 	}
 	return s
 }

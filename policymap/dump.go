@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/prefixorder"
 )
 
 // ListPrefixes returns the prefixes in an LPM map with bpf's key layout
@@ -24,11 +25,6 @@ func ListPrefixes(m bpf.Map, fam bpf.Family) ([]netip.Prefix, error) {
 		}
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(out, prefixorder.Compare)
 	return out, nil
 }

@@ -498,13 +498,6 @@ func prefixContains(outer, inner netip.Prefix) bool {
 	return outer.Bits() <= inner.Bits() && outer.Contains(inner.Addr())
 }
 
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Bits(), b.Bits())
-}
-
 // mergePorts is the union of port specs as sorted, merged entries: per
 // protocol (in protocol number order), every port if any spec says so,
 // otherwise the ranges merged where they overlap or touch. It is the

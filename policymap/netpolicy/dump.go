@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/prefixorder"
 )
 
 // KernelPolicyEntry is one entry of a policy map as the kernel holds it,
@@ -62,7 +63,7 @@ func ListPolicyMap(name string, m bpf.LookupMap, pod netip.Addr) ([]KernelPolicy
 		if c := a.Pod.Compare(b.Pod); c != 0 {
 			return c
 		}
-		return comparePrefixes(a.Peer, b.Peer)
+		return prefixorder.Compare(a.Peer, b.Peer)
 	})
 	return out, nil
 }

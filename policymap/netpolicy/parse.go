@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/strictyaml"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/errtext"
+	"github.com/enimasq/enimasq/cells/strictyaml"
 )
 
 // The API group and kinds the parser accepts.
