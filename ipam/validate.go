@@ -7,6 +7,8 @@ import (
 	"unicode"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/enimasq/enimasq/cells/errtext"
 )
 
 // validateOwner checks an owner as the API server would check the pod it
@@ -15,13 +17,13 @@ import (
 func validateOwner(owner string) error {
 	ns, name, ok := strings.Cut(owner, "/")
 	if !ok || ns == "" || name == "" {
-		return fmt.Errorf("owner %q: want NAMESPACE/POD", quoteShort(owner))
+		return fmt.Errorf("owner %q: want NAMESPACE/POD", errtext.Short(owner))
 	}
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-		return fmt.Errorf("owner %q: namespace %q: %s", quoteShort(owner), quoteShort(ns), strings.Join(errs, "; "))
+		return fmt.Errorf("owner %q: namespace %q: %s", errtext.Short(owner), errtext.Short(ns), strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return fmt.Errorf("owner %q: pod name %q: %s", quoteShort(owner), quoteShort(name), strings.Join(errs, "; "))
+		return fmt.Errorf("owner %q: pod name %q: %s", errtext.Short(owner), errtext.Short(name), strings.Join(errs, "; "))
 	}
 	return nil
 }
@@ -31,11 +33,11 @@ func validateOwner(owner string) error {
 func validateLegacyOwner(owner string) error {
 	ns, pod, ok := strings.Cut(owner, "/")
 	if !ok || ns == "" || pod == "" || strings.Contains(pod, "/") || len(owner) > 512 {
-		return fmt.Errorf("owner %q: want NAMESPACE/POD", quoteShort(owner))
+		return fmt.Errorf("owner %q: want NAMESPACE/POD", errtext.Short(owner))
 	}
 	for _, r := range owner {
 		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
-			return fmt.Errorf("owner %q: contains a space or a control character", quoteShort(owner))
+			return fmt.Errorf("owner %q: contains a space or a control character", errtext.Short(owner))
 		}
 	}
 	return nil
@@ -53,12 +55,12 @@ func validateAttachment(a Attachment) error {
 	}
 	switch {
 	case a.ContainerID == "":
-		return fmt.Errorf("ifname %q without a containerID", quoteShort(a.IfName))
+		return fmt.Errorf("ifname %q without a containerID", errtext.Short(a.IfName))
 	case a.Network != "" && (len(a.Network) > 256 || !containerIDPattern.MatchString(a.Network)):
 		// The CNI spec's network name: the same characters as a container ID.
-		return fmt.Errorf("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", quoteShort(a.Network))
+		return fmt.Errorf("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", errtext.Short(a.Network))
 	case len(a.ContainerID) > 256 || !containerIDPattern.MatchString(a.ContainerID):
-		return fmt.Errorf("containerID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", quoteShort(a.ContainerID))
+		return fmt.Errorf("containerID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", errtext.Short(a.ContainerID))
 	}
 	return validateIfName(a.IfName)
 }
@@ -69,13 +71,13 @@ func validateIfName(name string) error {
 	case name == "":
 		return fmt.Errorf("ifname is empty")
 	case len(name) > 15:
-		return fmt.Errorf("ifname %q: longer than 15 bytes", quoteShort(name))
+		return fmt.Errorf("ifname %q: longer than 15 bytes", errtext.Short(name))
 	case name == "." || name == "..":
 		return fmt.Errorf("ifname %q is not an interface name", name)
 	}
 	for _, r := range name {
 		if r == '/' || r == ':' || unicode.IsSpace(r) || !unicode.IsPrint(r) {
-			return fmt.Errorf("ifname %q: contains '/', ':', a space or a control character", quoteShort(name))
+			return fmt.Errorf("ifname %q: contains '/', ':', a space or a control character", errtext.Short(name))
 		}
 	}
 	return nil
@@ -85,16 +87,7 @@ func validateIfName(name string) error {
 // (letters, digits and hyphens, at most 36).
 func validatePodUID(uid string) error {
 	if len(uid) > 36 || strings.TrimLeft(strings.ToLower(uid), "0123456789abcdef-") != "" {
-		return fmt.Errorf("podUID %q: want a UUID", quoteShort(uid))
+		return fmt.Errorf("podUID %q: want a UUID", errtext.Short(uid))
 	}
 	return nil
-}
-
-// quoteShort cuts s for an error message: input is never trusted to be
-// short.
-func quoteShort(s string) string {
-	if len(s) > 80 {
-		return s[:77] + "..."
-	}
-	return s
 }
