@@ -115,7 +115,7 @@ func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
 	wtxn := s.DB.WriteTxn(s.Table)
 	var changed int
 	if s.Order != nil && s.lastIn != nil && s.Table.Revision(wtxn) == s.lastRev {
-		changed = s.syncSorted(wtxn, s.lastIn.Rows, in.Rows)
+		changed = s.Rows.SyncSorted(wtxn, s.Table, s.lastIn.Rows, in.Rows, s.Order)
 	} else {
 		changed = s.Rows.Sync(wtxn, s.Table, in.Rows)
 	}
@@ -129,45 +129,4 @@ func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
 		s.Applied.log(s.Log, slog.LevelInfo, "summary", in.Summary, "rows-changed", changed)
 		s.lastSummary = in.Summary
 	}
-}
-
-// syncSorted makes the table, which holds old, hold desired; both are
-// sorted by Order.
-func (s *Source[Obj, K]) syncSorted(wtxn statedb.WriteTxn, old, desired []Obj) int {
-	changed := 0
-	insert := func(o Obj) {
-		if s.Rows.Insert != nil {
-			o = s.Rows.Insert(o)
-		}
-		s.Table.Insert(wtxn, o)
-		changed++
-	}
-	i, j := 0, 0
-	for i < len(old) || j < len(desired) {
-		c := 0
-		switch {
-		case i == len(old):
-			c = 1
-		case j == len(desired):
-			c = -1
-		default:
-			c = s.Order(old[i], desired[j])
-		}
-		switch {
-		case c < 0:
-			s.Table.Delete(wtxn, old[i])
-			changed++
-			i++
-		case c > 0:
-			insert(desired[j])
-			j++
-		default:
-			if !s.Rows.Same(old[i], desired[j]) {
-				insert(desired[j])
-			}
-			i++
-			j++
-		}
-	}
-	return changed
 }

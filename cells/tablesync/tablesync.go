@@ -59,3 +59,46 @@ func (r Rows[Obj, K]) SyncSubset(wtxn statedb.WriteTxn, table statedb.RWTable[Ob
 	}
 	return changed
 }
+
+// SyncSorted is [Rows.Sync] for a table that holds exactly old, both old and
+// desired sorted and distinct by order (order(a, b) == 0 when a and b have
+// the same key): a merge of the two lists, no lookups in the table and no
+// map of keys; only the rows that differ are written.
+func (r Rows[Obj, K]) SyncSorted(wtxn statedb.WriteTxn, table statedb.RWTable[Obj], old, desired []Obj, order func(a, b Obj) int) int {
+	changed := 0
+	insert := func(o Obj) {
+		if r.Insert != nil {
+			o = r.Insert(o)
+		}
+		table.Insert(wtxn, o)
+		changed++
+	}
+	i, j := 0, 0
+	for i < len(old) || j < len(desired) {
+		c := 0
+		switch {
+		case i == len(old):
+			c = 1
+		case j == len(desired):
+			c = -1
+		default:
+			c = order(old[i], desired[j])
+		}
+		switch {
+		case c < 0:
+			table.Delete(wtxn, old[i])
+			changed++
+			i++
+		case c > 0:
+			insert(desired[j])
+			j++
+		default:
+			if !r.Same(old[i], desired[j]) {
+				insert(desired[j])
+			}
+			i++
+			j++
+		}
+	}
+	return changed
+}
