@@ -1,6 +1,10 @@
 package tablesync
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/statedb"
@@ -52,5 +56,58 @@ func TestSyncWritesOnlyTheDifference(t *testing.T) {
 	}
 	if n := sync(row("a", "1"), row("b", "2"), row("d", "1")); n != 0 {
 		t.Errorf("an identical sync wrote %d rows", n)
+	}
+}
+
+// SyncSorted leaves the table as Sync does (the oracle), for random old and
+// desired lists, and writes as many rows.
+func TestSyncSortedIsSync(t *testing.T) {
+	rows := Rows[*celltest.Row, string]{
+		Key:   func(r *celltest.Row) string { return r.Name },
+		Query: celltest.RowNameIndex.Query,
+		Same:  func(old, want *celltest.Row) bool { return *old == *want },
+	}
+	order := func(a, b *celltest.Row) int { return strings.Compare(a.Name, b.Name) }
+	rng := rand.New(rand.NewPCG(1, 2))
+	random := func() []*celltest.Row {
+		var out []*celltest.Row
+		for i := range 12 {
+			if rng.IntN(2) == 0 {
+				out = append(out, &celltest.Row{Name: fmt.Sprintf("r%02d", i), Value: fmt.Sprint(rng.IntN(2))})
+			}
+		}
+		return out
+	}
+	dump := func(db *statedb.DB, table statedb.Table[*celltest.Row]) []celltest.Row {
+		var out []celltest.Row
+		for r := range table.All(db.ReadTxn()) {
+			out = append(out, *r)
+		}
+		return out
+	}
+	for round := range 200 {
+		old, desired := random(), random()
+		var got [2][]celltest.Row
+		var written [2]int
+		for k := range 2 {
+			db := statedb.New()
+			table, err := statedb.NewTable(db, "rows", celltest.RowNameIndex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wtxn := db.WriteTxn(table)
+			rows.Sync(wtxn, table, old)
+			if k == 0 {
+				written[k] = rows.Sync(wtxn, table, desired)
+			} else {
+				written[k] = rows.SyncSorted(wtxn, table, old, desired, order)
+			}
+			wtxn.Commit()
+			got[k] = dump(db, table)
+		}
+		if !slices.Equal(got[0], got[1]) || written[0] != written[1] {
+			t.Fatalf("round %d: old %v desired %v: Sync %v (%d written), SyncSorted %v (%d written)",
+				round, old, desired, got[0], written[0], got[1], written[1])
+		}
 	}
 }
