@@ -6,17 +6,17 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/ipam"
-
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/netlinkfake"
 )
 
 // featureTables are the tables the feature cells register.
@@ -48,7 +48,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 		}),
 		cell.Provide(
 			func() bpf.MapStore { return bpf.NewFakeStore() },
-			func() *ipam.NetlinkTarget { return ipam.NewFakeNetlink().Target() },
+			func() *ipam.NetlinkTarget { return netlinkfake.New().Target() },
 		),
 		cells.Features,
 		cell.Invoke(func(d *statedb.DB) { db = d }),

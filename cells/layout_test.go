@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -89,4 +90,43 @@ func goFiles(t *testing.T, dir string) []string {
 		t.Fatalf("no Go files in %s", dir)
 	}
 	return out
+}
+
+// stillLinkedFakes are the fakes not moved into a package for tests yet:
+// bpf's FakeMap, which bpf's own (internal) tests use.
+var stillLinkedFakes = map[string]bool{module + "bpf/fakemap.go": true}
+
+// TestNoFakeInTheAgent: no fake (a package for tests, such as
+// ipam/netlinkfake) and no Cilium package is linked into the standalone
+// binaries, and no feature package imports Cilium.
+func TestNoFakeInTheAgent(t *testing.T) {
+	goTool := os.Getenv("GO")
+	if goTool == "" {
+		goTool = "go"
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}} {{join .GoFiles \" \"}}",
+		"../cmd/enimasq-agent", "../cmd/enimasq-cni", "../cmd/enimasq-dbg").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 50 {
+		t.Fatalf("go list -deps listed %d packages: not the binaries' dependencies", len(lines))
+	}
+	for _, line := range lines {
+		pkg, files, _ := strings.Cut(line, " ")
+		switch {
+		case strings.HasPrefix(pkg, "github.com/cilium/cilium/"):
+			t.Errorf("%s is linked into the binaries: only cmd/cilium-agent imports Cilium", pkg)
+		case !strings.HasPrefix(pkg, module):
+		case strings.Contains(pkg, "fake") || strings.HasSuffix(pkg, "test") || strings.Contains(pkg, "/test/"):
+			t.Errorf("%s is linked into the binaries: fakes and test helpers are for tests", pkg)
+		default:
+			for _, f := range strings.Fields(files) {
+				if strings.HasPrefix(f, "fake") && !stillLinkedFakes[pkg+"/"+f] {
+					t.Errorf("%s/%s is linked into the binaries: a fake belongs in a package for tests", pkg, f)
+				}
+			}
+		}
+	}
 }

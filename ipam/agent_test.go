@@ -1,6 +1,6 @@
 package ipam_test
 
-// A started hive of the cells under test on a testNetwork (a FakeNetlink or
+// A started hive of the cells under test on a testNetwork (a netlinkfake.Netlink or
 // a network namespace), for the Go tests that script tests cannot express:
 // restarts, concurrency, the HTTP API, operation counts.
 

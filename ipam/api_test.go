@@ -1,6 +1,6 @@
 package ipam_test
 
-// The allocator and its HTTP API, on a FakeNetlink: they need no kernel.
+// The allocator and its HTTP API, on a netlinkfake.Netlink: they need no kernel.
 
 import (
 	"encoding/json"

@@ -1,6 +1,6 @@
 package ipam_test
 
-// Ownership by attachment, through the HTTP API on a FakeNetlink.
+// Ownership by attachment, through the HTTP API on a netlinkfake.Netlink.
 
 import (
 	"encoding/json"

@@ -5,7 +5,7 @@ import "context"
 // The repair of rules and routes deleted behind enimasq's back (ruleRepair,
 // kernelevents.go) acts on change notifications. In an agent they are the
 // kernel's rtnetlink multicast messages; in tests without root they come
-// from a FakeNetlink, which emits the same kinds for the same operations.
+// from a netlinkfake.Netlink, which emits the same kinds for the same operations.
 // NetlinkChanges is the seam between the two, so the repair logic runs
 // unchanged on either.
 
@@ -52,7 +52,7 @@ func (c NetlinkChange) String() string {
 }
 
 // NetlinkChanges is a source of change notifications: the kernel's
-// (kernelChanges) or a FakeNetlink's.
+// (kernelChanges) or a fake's (ipam/netlinkfake).
 type NetlinkChanges interface {
 	// SubscribeChanges starts the notifications of the rules of families
 	// and, with routes, of their routes and of the links. Once it has

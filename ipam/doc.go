@@ -23,9 +23,10 @@
 // state, reconciled). Rules and routes carry the netlink protocol RTProto; pruning
 // removes only those, never the rules of aws-node, Cilium or an operator.
 //
-// Tests: the script tests in testdata run twice, on a FakeNetlink
-// (fakenetlink.go: the kernel's rule, route, link and notification
-// semantics that the reconcilers rely on, in memory; no root needed) and,
+// Tests: the script tests in testdata run twice, on a netlinkfake.Netlink
+// (package ipam/netlinkfake, for tests only: the kernel's rule, route, link
+// and notification semantics that the reconcilers rely on, in memory; no
+// root needed) and,
 // as root, on a fresh network namespace; the fake is held against the
 // kernel by TestPrivilegedFakeNetlinkMatchesKernel.
 //

@@ -180,7 +180,7 @@ func errnoOf(err error) unix.Errno {
 // runs the same steps on the kernel).
 func TestFakeNetlinkSemantics(t *testing.T) {
 	n := newFakeNetwork(t, false)
-	runNetlinkSteps(t, n, n.FakeNetlink)
+	runNetlinkSteps(t, n, n.Netlink)
 }
 
 func TestPrivilegedFakeNetlinkMatchesKernel(t *testing.T) {

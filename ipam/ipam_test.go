@@ -8,7 +8,7 @@ import (
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
-// TestScript runs testdata/*.txtar on a FakeNetlink with links carrying the
+// TestScript runs testdata/*.txtar on a netlinkfake.Netlink with links carrying the
 // sample ENIs' MACs: no root needed.
 func TestScript(t *testing.T) {
 	celltest.Run(t, "testdata/*.txtar", func(t testing.TB) []cell.Cell {

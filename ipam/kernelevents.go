@@ -18,7 +18,7 @@ import (
 // ruleRepair puts a rule or route of ours back as soon as someone else
 // deletes it, instead of at the next refresh: it listens to the change
 // notifications (NetlinkChanges: the kernel's in the agent's network
-// namespace, or a FakeNetlink's in tests) and, after a deletion,
+// namespace, or a fake's (ipam/netlinkfake) in tests) and, after a deletion,
 // marks Pending every Done row of eni-rules (eni-routes) whose rule (route)
 // the kernel no longer holds exactly; the reconciler adds it again. A link
 // that goes away takes its routes with it (the kernel sends no route

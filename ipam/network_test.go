@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/cells/nodeips"
-
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
@@ -19,12 +17,14 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/netlinkfake"
 	"github.com/enimasq/enimasq/ipmasq"
 )
 
 // testNetwork is where a test's agent programs its rules and routes: a
-// fresh network namespace (testNetNS, root only) or a FakeNetlink
+// fresh network namespace (testNetNS, root only) or a netlinkfake.Netlink
 // (fakeNetwork). The same scripts and raw commands run on both.
 type testNetwork interface {
 	// Handle acts on the network directly, behind the agent's back.
@@ -36,16 +36,16 @@ type testNetwork interface {
 	DelLink(name string) error
 }
 
-// fakeNetwork is a FakeNetlink as a testNetwork.
+// fakeNetwork is a netlinkfake.Netlink as a testNetwork.
 type fakeNetwork struct {
-	*ipam.FakeNetlink
+	*netlinkfake.Netlink
 }
 
-// newFakeNetwork is a FakeNetlink with the sample's ENI links (unless
+// newFakeNetwork is a netlinkfake.Netlink with the sample's ENI links (unless
 // bare), as newTestNetNS's namespace.
 func newFakeNetwork(t testing.TB, bare bool) fakeNetwork {
 	t.Helper()
-	n := fakeNetwork{ipam.NewFakeNetlink()}
+	n := fakeNetwork{netlinkfake.New()}
 	if !bare {
 		for _, l := range sampleLinks {
 			if err := n.AddLink(l.name, l.mac); err != nil {
@@ -56,10 +56,10 @@ func newFakeNetwork(t testing.TB, bare bool) fakeNetwork {
 	return n
 }
 
-func (n fakeNetwork) Handle() ipam.Netlink { return n.FakeNetlink }
+func (n fakeNetwork) Handle() ipam.Netlink { return n.Netlink }
 
 func (n fakeNetwork) Target(nl ipam.Netlink) *ipam.NetlinkTarget {
-	return &ipam.NetlinkTarget{Handle: nl, Changes: n.FakeNetlink}
+	return &ipam.NetlinkTarget{Handle: nl, Changes: n.Netlink}
 }
 
 func (n fakeNetwork) AddLink(name, mac string) error {
@@ -67,7 +67,7 @@ func (n fakeNetwork) AddLink(name, mac string) error {
 	if err != nil {
 		return err
 	}
-	return n.FakeNetlink.AddLink(name, hw)
+	return n.Netlink.AddLink(name, hw)
 }
 
 // allRules lists every IPv4 rule between priorities 1 and 32765 (the
@@ -172,7 +172,7 @@ func rawRoute(h ipam.Netlink, args []string) (*netlink.Route, error) {
 }
 
 // rawCommands change the network behind the agent's back, as aws-node, an
-// operator or a detached ENI would: on a FakeNetlink as on the kernel, the
+// operator or a detached ENI would: on a netlinkfake.Netlink as on the kernel, the
 // agent hears of it only through the network's notifications.
 func rawCommands(n testNetwork) cell.Cell {
 	simple := func(summary, args string, nargs int, run func(args []string) error) script.Cmd {

@@ -44,15 +44,15 @@ var _ Netlink = (*netlink.Handle)(nil)
 
 // NetlinkTarget makes the cell program another network namespace than the
 // process's own: tests and benchmarks provide it with a handle created by
-// netlink.NewHandleAt on a fresh namespace, or with a FakeNetlink
-// (FakeNetlink.Target). An agent does not provide it.
+// netlink.NewHandleAt on a fresh namespace, or with a netlinkfake.Netlink
+// (netlinkfake.Netlink.Target). An agent does not provide it.
 type NetlinkTarget struct {
 	Handle Netlink
 	// NS is the namespace of Handle, for the kernel's notifications (nil,
 	// and no Changes: none are listened to, the refresh repairs).
 	NS *netns.NsHandle
 	// Changes, if set, delivers the notifications of Handle's changes
-	// instead of the kernel (a FakeNetlink).
+	// instead of the kernel (a netlinkfake.Netlink).
 	Changes NetlinkChanges
 }
 

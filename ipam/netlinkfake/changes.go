@@ -1,21 +1,23 @@
-package ipam
+package netlinkfake
 
 import (
 	"context"
 	"errors"
 	"slices"
 	"sync"
+
+	"github.com/enimasq/enimasq/ipam"
 )
 
-// fakeSubscription is a subscription to a FakeNetlink's changes: an
+// fakeSubscription is a subscription to a Netlink's changes: an
 // unbounded queue (the fake loses no notification).
 type fakeSubscription struct {
-	f        *FakeNetlink
+	f        *Netlink
 	families []int
 	routes   bool
 
 	mu      sync.Mutex
-	pending []NetlinkChange
+	pending []ipam.NetlinkChange
 	closed  bool
 	wake    chan struct{} // one signal covers every queued change
 }
@@ -24,7 +26,7 @@ var errSubscriptionClosed = errors.New("fake netlink: subscription closed")
 
 // SubscribeChanges subscribes to the changes of the rules of families and,
 // with routes, of their routes and of links.
-func (f *FakeNetlink) SubscribeChanges(families []int, routes bool) (NetlinkSubscription, error) {
+func (f *Netlink) SubscribeChanges(families []int, routes bool) (ipam.NetlinkSubscription, error) {
 	s := &fakeSubscription{f: f, families: slices.Clone(families), routes: routes, wake: make(chan struct{}, 1)}
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
@@ -34,11 +36,11 @@ func (f *FakeNetlink) SubscribeChanges(families []int, routes bool) (NetlinkSubs
 
 // wants says whether the subscription's groups include the change (a
 // family of 0: a link's).
-func (s *fakeSubscription) wants(c NetlinkChange, family int) bool {
+func (s *fakeSubscription) wants(c ipam.NetlinkChange, family int) bool {
 	switch c {
-	case RuleAdded, RuleDeleted:
+	case ipam.RuleAdded, ipam.RuleDeleted:
 		return slices.Contains(s.families, family)
-	case RouteAdded, RouteDeleted:
+	case ipam.RouteAdded, ipam.RouteDeleted:
 		return s.routes && slices.Contains(s.families, family)
 	default:
 		return s.routes
@@ -47,7 +49,7 @@ func (s *fakeSubscription) wants(c NetlinkChange, family int) bool {
 
 // emit delivers a change to the subscriptions that want it; f.mu is held,
 // so every subscription sees the changes in the order they were made.
-func (f *FakeNetlink) emit(c NetlinkChange, family int) {
+func (f *Netlink) emit(c ipam.NetlinkChange, family int) {
 	for s := range f.subs {
 		if !s.wants(c, family) {
 			continue
@@ -55,11 +57,11 @@ func (f *FakeNetlink) emit(c NetlinkChange, family int) {
 		s.mu.Lock()
 		s.pending = append(s.pending, c)
 		s.mu.Unlock()
-		notify(s.wake)
+		wake(s.wake)
 	}
 }
 
-func (s *fakeSubscription) Receive(ctx context.Context) ([]NetlinkChange, error) {
+func (s *fakeSubscription) Receive(ctx context.Context) ([]ipam.NetlinkChange, error) {
 	for {
 		s.mu.Lock()
 		changes, closed := s.pending, s.closed
@@ -86,6 +88,6 @@ func (s *fakeSubscription) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	notify(s.wake)
+	wake(s.wake)
 	return nil
 }

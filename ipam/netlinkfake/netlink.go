@@ -1,4 +1,4 @@
-package ipam
+package netlinkfake
 
 import (
 	"fmt"
@@ -8,20 +8,22 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/ipam"
 )
 
-// FakeNetlink is an in-memory network namespace for tests without root: it
-// implements Netlink and NetlinkChanges with the kernel's semantics that
+// Netlink is an in-memory network namespace for tests without root: it
+// implements ipam.Netlink and ipam.NetlinkChanges with the kernel's semantics that
 // the reconcilers and the repair rely on, checked against kernel 6.18:
 //
-//   - ip rules (fakerules.go): the kernel's default rules; EEXIST on a
+//   - ip rules (rules.go): the kernel's default rules; EEXIST on a
 //     duplicate add, where the kernel compares the source, destination and
 //     TOS only if the new rule has them and every other selector exactly;
 //     a delete matches the first rule (in list order) that agrees on the
 //     selectors it gives, and fails with ENOENT if none does; rules are
 //     listed by priority, then in insertion order; a rule without a
 //     priority gets the kernel's default one.
-//   - routes (fakeroutes.go): keyed by family, table, destination, TOS and
+//   - routes (routes.go): keyed by family, table, destination, TOS and
 //     priority; RouteReplace adds or replaces the route of its key, and
 //     needs its link, and for a gateway a route of a narrower scope that
 //     reaches it (in the route's table, else main), as the kernel does
@@ -31,10 +33,10 @@ import (
 //     applies the filters as netlink's RouteListFiltered does.
 //   - links: lo, and up links with a name and a MAC (listed as veth);
 //     deleting a link deletes its routes.
-//   - notifications (fakechanges.go): every successful change is
+//   - notifications (changes.go): every successful change is
 //     delivered to the subscriptions of its kind and family, in order;
 //     like the kernel, a deleted link's IPv4 routes go without
-//     RouteDeleted.
+//     ipam.RouteDeleted.
 //
 // It does not model: addresses and the local and main tables' own routes,
 // rule actions other than lookup, the rule selectors goto, flow, tun_id,
@@ -42,7 +44,7 @@ import (
 // encapsulation and MPLS routes, route metrics, link state changes (links
 // are always up) and lost notifications. Operations that need what is not
 // modelled fail with EOPNOTSUPP rather than guess.
-type FakeNetlink struct {
+type Netlink struct {
 	mu        sync.Mutex
 	rules     []fakeRule  // by priority, then insertion order
 	routes    []fakeRoute // insertion order
@@ -52,8 +54,8 @@ type FakeNetlink struct {
 }
 
 var (
-	_ Netlink        = (*FakeNetlink)(nil)
-	_ NetlinkChanges = (*FakeNetlink)(nil)
+	_ ipam.Netlink        = (*Netlink)(nil)
+	_ ipam.NetlinkChanges = (*Netlink)(nil)
 )
 
 type fakeLink struct {
@@ -63,10 +65,10 @@ type fakeLink struct {
 	loopback bool
 }
 
-// NewFakeNetlink returns a fake namespace as a new one is: lo (index 1),
+// New returns a fake namespace as a new one is: lo (index 1),
 // the kernel's default rules, no routes of its own.
-func NewFakeNetlink() *FakeNetlink {
-	f := &FakeNetlink{
+func New() *Netlink {
+	f := &Netlink{
 		links:     []fakeLink{{index: 1, name: "lo", loopback: true}},
 		nextIndex: 2,
 		subs:      map[*fakeSubscription]struct{}{},
@@ -75,15 +77,15 @@ func NewFakeNetlink() *FakeNetlink {
 	return f
 }
 
-// Target is the NetlinkTarget that makes the ipam cell program f and
+// Target is the ipam.NetlinkTarget that makes the ipam cell program f and
 // listen to f's notifications.
-func (f *FakeNetlink) Target() *NetlinkTarget {
-	return &NetlinkTarget{Handle: f, Changes: f}
+func (f *Netlink) Target() *ipam.NetlinkTarget {
+	return &ipam.NetlinkTarget{Handle: f, Changes: f}
 }
 
 // AddLink adds an up link with the name and MAC, as `ip link add` of a
 // veth would (without its peer). The index is never reused.
-func (f *FakeNetlink) AddLink(name string, mac net.HardwareAddr) error {
+func (f *Netlink) AddLink(name string, mac net.HardwareAddr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if slices.ContainsFunc(f.links, func(l fakeLink) bool { return l.name == name }) {
@@ -91,12 +93,12 @@ func (f *FakeNetlink) AddLink(name string, mac net.HardwareAddr) error {
 	}
 	f.links = append(f.links, fakeLink{index: f.nextIndex, name: name, mac: slices.Clone(mac)})
 	f.nextIndex++
-	f.emit(LinkChanged, 0)
+	f.emit(ipam.LinkChanged, 0)
 	return nil
 }
 
 // DelLink deletes a link and the routes through it.
-func (f *FakeNetlink) DelLink(name string) error {
+func (f *Netlink) DelLink(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i := slices.IndexFunc(f.links, func(l fakeLink) bool { return l.name == name })
@@ -114,15 +116,15 @@ func (f *FakeNetlink) DelLink(name string) error {
 		}
 		if r.family == unix.AF_INET6 {
 			// The kernel announces these; not the IPv4 ones.
-			f.emit(RouteDeleted, r.family)
+			f.emit(ipam.RouteDeleted, r.family)
 		}
 		return true
 	})
-	f.emit(LinkDeleted, 0)
+	f.emit(ipam.LinkDeleted, 0)
 	return nil
 }
 
-func (f *FakeNetlink) LinkList() ([]netlink.Link, error) {
+func (f *Netlink) LinkList() ([]netlink.Link, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]netlink.Link, 0, len(f.links))
@@ -145,7 +147,7 @@ func (f *FakeNetlink) LinkList() ([]netlink.Link, error) {
 	return out, nil
 }
 
-func (f *FakeNetlink) linkExists(index int) bool {
+func (f *Netlink) linkExists(index int) bool {
 	return slices.ContainsFunc(f.links, func(l fakeLink) bool { return l.index == index })
 }
 

@@ -1,4 +1,4 @@
-package ipam
+package netlinkfake
 
 import (
 	"cmp"
@@ -7,9 +7,11 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/cells/prefixorder"
+	"github.com/enimasq/enimasq/ipam"
 )
 
 // fakeRoute is a route as the kernel keeps it; family, table, dst, tos and
@@ -41,7 +43,7 @@ func toFakeRoute(op string, r *netlink.Route) (fakeRoute, error) {
 	fr := fakeRoute{
 		family: r.Family, table: r.Table, tos: r.Tos, priority: r.Priority,
 		link: r.LinkIndex, protocol: r.Protocol, scope: r.Scope, typ: r.Type,
-		dst: fromIPNet(r.Dst),
+		dst: prefixOf(r.Dst),
 	}
 	if r.Gw != nil {
 		gw, ok := netip.AddrFromSlice(r.Gw)
@@ -52,9 +54,9 @@ func toFakeRoute(op string, r *netlink.Route) (fakeRoute, error) {
 	}
 	switch {
 	case fr.dst.IsValid():
-		fr.family = addrFamily(fr.dst.Addr())
+		fr.family = familyOf(fr.dst.Addr())
 	case fr.gw.IsValid():
-		fr.family = addrFamily(fr.gw)
+		fr.family = familyOf(fr.gw)
 	}
 	if fr.family == 0 {
 		fr.family = unix.AF_INET
@@ -77,7 +79,7 @@ func toFakeRoute(op string, r *netlink.Route) (fakeRoute, error) {
 
 // reaches is the kernel's check of a gateway: a route of a narrower scope
 // than the new route's that holds it, in the route's table, else in main.
-func (f *FakeNetlink) reaches(r fakeRoute) (fakeRoute, bool) {
+func (f *Netlink) reaches(r fakeRoute) (fakeRoute, bool) {
 	for _, table := range []int{r.table, unix.RT_TABLE_MAIN} {
 		var best fakeRoute
 		found := false
@@ -96,7 +98,7 @@ func (f *FakeNetlink) reaches(r fakeRoute) (fakeRoute, bool) {
 
 // RouteReplace adds the route, or replaces the one of its key (`ip route
 // replace`).
-func (f *FakeNetlink) RouteReplace(r *netlink.Route) error {
+func (f *Netlink) RouteReplace(r *netlink.Route) error {
 	q, err := toFakeRoute("ip route replace", r)
 	if err != nil {
 		return err
@@ -142,7 +144,7 @@ func (f *FakeNetlink) RouteReplace(r *netlink.Route) error {
 	} else {
 		f.routes = append(f.routes, q)
 	}
-	f.emit(RouteAdded, q.family)
+	f.emit(ipam.RouteAdded, q.family)
 	return nil
 }
 
@@ -158,7 +160,7 @@ func matchesRouteDelete(stored, q fakeRoute) bool {
 		(!q.gw.IsValid() || stored.gw == q.gw)
 }
 
-func (f *FakeNetlink) RouteDel(r *netlink.Route) error {
+func (f *Netlink) RouteDel(r *netlink.Route) error {
 	q, err := toFakeRoute("ip route del", r)
 	if err != nil {
 		return err
@@ -170,7 +172,7 @@ func (f *FakeNetlink) RouteDel(r *netlink.Route) error {
 		return fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH)
 	}
 	f.routes = slices.Delete(f.routes, i, i+1)
-	f.emit(RouteDeleted, q.family)
+	f.emit(ipam.RouteDeleted, q.family)
 	return nil
 }
 
@@ -180,7 +182,7 @@ const routeFilters = netlink.RT_FILTER_TABLE | netlink.RT_FILTER_PROTOCOL | netl
 
 func (r fakeRoute) route() netlink.Route {
 	out := netlink.Route{
-		Family: r.family, Table: r.table, Dst: ipNet(r.dst), Tos: r.tos, Priority: r.priority,
+		Family: r.family, Table: r.table, Dst: netipx.PrefixIPNet(r.dst), Tos: r.tos, Priority: r.priority,
 		LinkIndex: r.link, Protocol: r.protocol, Scope: r.scope, Type: r.typ,
 	}
 	if r.gw.IsValid() {
@@ -192,7 +194,7 @@ func (r fakeRoute) route() netlink.Route {
 // RouteListFiltered lists the routes of family (0: all) as netlink.Handle
 // does: those of the main table only, unless the filter has a table
 // (RT_TABLE_UNSPEC: all), sorted by table and destination.
-func (f *FakeNetlink) RouteListFiltered(family int, filter *netlink.Route, filterMask uint64) ([]netlink.Route, error) {
+func (f *Netlink) RouteListFiltered(family int, filter *netlink.Route, filterMask uint64) ([]netlink.Route, error) {
 	if filter != nil && filterMask&^routeFilters != 0 {
 		return nil, notModelled("ip route list", fmt.Sprintf("filter mask %#x", filterMask&^routeFilters))
 	}
@@ -218,7 +220,7 @@ func (f *FakeNetlink) RouteListFiltered(family int, filter *netlink.Route, filte
 			filterMask&netlink.RT_FILTER_TOS != 0 && r.Tos != filter.Tos,
 			filterMask&netlink.RT_FILTER_OIF != 0 && r.LinkIndex != filter.LinkIndex,
 			filterMask&netlink.RT_FILTER_GW != 0 && !r.Gw.Equal(filter.Gw),
-			filterMask&netlink.RT_FILTER_DST != 0 && fromIPNet(filter.Dst) != stored.dst:
+			filterMask&netlink.RT_FILTER_DST != 0 && prefixOf(filter.Dst) != stored.dst:
 			continue
 		}
 		out = append(out, r)
@@ -227,7 +229,7 @@ func (f *FakeNetlink) RouteListFiltered(family int, filter *netlink.Route, filte
 		if c := cmp.Compare(a.Table, b.Table); c != 0 {
 			return c
 		}
-		return prefixorder.Compare(fromIPNet(a.Dst), fromIPNet(b.Dst))
+		return prefixorder.Compare(prefixOf(a.Dst), prefixOf(b.Dst))
 	})
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package ipam
+package netlinkfake
 
 import (
 	"fmt"
@@ -6,10 +6,13 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/ipam"
 )
 
-// fakeRule is a rule as the kernel keeps it (the selectors FakeNetlink
+// fakeRule is a rule as the kernel keeps it (the selectors Netlink
 // models). A zero field is a selector the rule does not have.
 type fakeRule struct {
 	family   int
@@ -62,15 +65,15 @@ func toFakeRule(op string, r *netlink.Rule) (fakeRule, error) {
 		fr.mask = 0xffffffff
 	}
 	// The family is the prefixes' (a /0 too), as netlink.Handle sends it.
-	src, dst := fromIPNet(r.Src), fromIPNet(r.Dst)
+	src, dst := prefixOf(r.Src), prefixOf(r.Dst)
 	if dst.IsValid() {
-		fr.family = addrFamily(dst.Addr())
+		fr.family = familyOf(dst.Addr())
 	}
 	if src.IsValid() {
-		if dst.IsValid() && addrFamily(src.Addr()) != fr.family {
+		if dst.IsValid() && familyOf(src.Addr()) != fr.family {
 			return fakeRule{}, fmt.Errorf("fake netlink: %s: source and destination ip are not the same IP family", op)
 		}
-		fr.family = addrFamily(src.Addr())
+		fr.family = familyOf(src.Addr())
 	}
 	if fr.family == 0 {
 		fr.family = unix.AF_INET
@@ -111,7 +114,7 @@ func matchesDelete(stored, q fakeRule) bool {
 
 // defaultPriority is the kernel's priority for a rule added without one:
 // one less than the second rule's of the family, if that is not 0.
-func (f *FakeNetlink) defaultPriority(family int) int {
+func (f *Netlink) defaultPriority(family int) int {
 	seen := 0
 	for _, r := range f.rules {
 		if r.family != family {
@@ -124,7 +127,7 @@ func (f *FakeNetlink) defaultPriority(family int) int {
 	return 0
 }
 
-func (f *FakeNetlink) RuleAdd(r *netlink.Rule) error {
+func (f *Netlink) RuleAdd(r *netlink.Rule) error {
 	q, err := toFakeRule("ip rule add", r)
 	if err != nil {
 		return err
@@ -150,11 +153,11 @@ func (f *FakeNetlink) RuleAdd(r *netlink.Rule) error {
 		}
 	}
 	f.rules = slices.Insert(f.rules, at, q)
-	f.emit(RuleAdded, q.family)
+	f.emit(ipam.RuleAdded, q.family)
 	return nil
 }
 
-func (f *FakeNetlink) RuleDel(r *netlink.Rule) error {
+func (f *Netlink) RuleDel(r *netlink.Rule) error {
 	q, err := toFakeRule("ip rule del", r)
 	if err != nil {
 		return err
@@ -166,13 +169,13 @@ func (f *FakeNetlink) RuleDel(r *netlink.Rule) error {
 		return fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT)
 	}
 	f.rules = slices.Delete(f.rules, i, i+1)
-	f.emit(RuleDeleted, q.family)
+	f.emit(ipam.RuleDeleted, q.family)
 	return nil
 }
 
 // RuleList lists the rules of family (0: all) as netlink.Handle parses the
 // kernel's dump.
-func (f *FakeNetlink) RuleList(family int) ([]netlink.Rule, error) {
+func (f *Netlink) RuleList(family int) ([]netlink.Rule, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []netlink.Rule
@@ -193,10 +196,10 @@ func (f *FakeNetlink) RuleList(family int) ([]netlink.Rule, error) {
 			r.Mask = &mask
 		}
 		if stored.src.IsValid() {
-			r.Src = ipNet(stored.src)
+			r.Src = netipx.PrefixIPNet(stored.src)
 		}
 		if stored.dst.IsValid() {
-			r.Dst = ipNet(stored.dst)
+			r.Dst = netipx.PrefixIPNet(stored.dst)
 		}
 		out = append(out, *r)
 	}
