@@ -8,9 +8,11 @@ package strictyaml
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 
 	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
@@ -28,7 +30,21 @@ func ToJSON(data []byte) ([]byte, error) {
 // OneDocument says why data does not hold exactly one YAML document, or nil.
 // Input the YAML parser refuses is left to the caller's decoder, whose error
 // names the fault.
+//
+// The YAML parser runs only where more than one document can be: JSON with
+// something after its value, or YAML with a document marker ("---", "...")
+// after its first line. Block YAML without one is a single document, and
+// JSON is checked by the JSON scanner (a large PolicyEndpoint would
+// otherwise be parsed twice).
 func OneDocument(data []byte) error {
+	if singleByLook(data) {
+		return nil
+	}
+	return parsedOneDocument(data)
+}
+
+// parsedOneDocument is OneDocument by the YAML parser.
+func parsedOneDocument(data []byte) error {
 	dec := yamlv3.NewDecoder(bytes.NewReader(data))
 	var first yamlv3.Node
 	if err := dec.Decode(&first); err != nil {
@@ -46,6 +62,57 @@ func OneDocument(data []byte) error {
 			return fmt.Errorf("a second document at line %d: a file holds one document", next.Line)
 		}
 	}
+}
+
+// singleByLook says whether data is one document without parsing it as
+// YAML: JSON with nothing but white space after its value, or a block
+// mapping (its first significant line a plain key at column 0 and a colon) with no
+// document marker line after that line.
+func singleByLook(data []byte) bool {
+	if bytes.Count(data, []byte("\r")) != bytes.Count(data, []byte("\r\n")) {
+		return false // a lone CR breaks lines for YAML, not here
+	}
+	text := significant(data)
+	if len(text) == 0 {
+		return true
+	}
+	if flow := bytes.TrimLeft(text, " \t"); flow[0] == '{' || flow[0] == '[' {
+		dec := json.NewDecoder(bytes.NewReader(flow))
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return false // flow YAML, or broken: the YAML parser says
+		}
+		return len(bytes.TrimSpace(flow[dec.InputOffset():])) == 0
+	}
+	first, rest, _ := bytes.Cut(text, []byte("\n"))
+	if !blockKey.Match(first) {
+		return false // not a block mapping: a scalar, an indicator, a marker
+	}
+	for len(rest) > 0 {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte("\n"))
+		if bytes.HasPrefix(line, []byte("---")) || bytes.HasPrefix(line, []byte("...")) {
+			return false
+		}
+	}
+	return true
+}
+
+// blockKey is the first line of a block mapping: a plain key, a colon.
+var blockKey = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.\-/ ]*:(\s|$)`)
+
+// significant is data from the start of its first line that is not blank
+// or a comment (a byte order mark dropped).
+func significant(data []byte) []byte {
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
+	for len(data) > 0 {
+		line, rest, _ := bytes.Cut(data, []byte("\n"))
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			return data
+		}
+		data = rest
+	}
+	return nil
 }
 
 // empty says whether a document holds nothing (a "---" followed by nothing

@@ -3,6 +3,8 @@ package strictyaml
 import (
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestToJSON(t *testing.T) {
@@ -20,6 +22,9 @@ func TestToJSON(t *testing.T) {
 		{`{"a":1} {"b":2}`, "", "data after the first value"},
 		{"{\"a\":1}\n{\"b\":2}\n", "", "data after the first value"},
 		{"a: 1\na: 2\n", "", `key "a" already set`},
+		{"{\"a\": 1} # a comment\n", `{"a":1}`, ""},
+		{"---\na: 1\n", `{"a":1}`, ""},
+		{"{a: 1} {b: 2}", "", "data after the first value"},
 	} {
 		js, err := ToJSON([]byte(tc.in))
 		switch {
@@ -36,9 +41,12 @@ func FuzzOneDocument(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		// Never panics; whatever it accepts, YAMLToJSONStrict reads whole.
-		if OneDocument(data) == nil {
-			ToJSON(data)
+		// The look without parsing never calls one document what the
+		// parser (and YAMLToJSONStrict) reads as several.
+		if singleByLook(data) && parsedOneDocument(data) != nil {
+			if _, err := yaml.YAMLToJSONStrict(data); err == nil {
+				t.Errorf("%q: one document by look, several by the parser", data)
+			}
 		}
 	})
 }
