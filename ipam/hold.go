@@ -114,8 +114,17 @@ func (h *lossHold) apply(in *filesource.Input[*ENI]) *filesource.Input[*ENI] {
 		return cmp.Compare(a.ID, b.ID)
 	})
 	h.last = map[string]*ENI{}
+	inPool := map[netip.Addr]bool{}
 	for _, e := range out.Rows {
 		h.last[e.ID] = e
+		for _, ip := range e.Pool {
+			inPool[ip] = true
+		}
+	}
+	for ip := range h.ipsLost {
+		if !inPool[ip] {
+			delete(h.ipsLost, ip) // its ENI has gone too: held, or no more
+		}
 	}
 	if heldENIs+heldIPs > 0 {
 		out.Summary += fmt.Sprintf("; holding %d ENIs and %d pool IPs missing from the CiliumNode until %s (--ciliumnode-loss-grace %s)",
