@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -176,9 +175,14 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	nonMasq := a.nonMasq(wtxn)
 
 	att := req.Attachment()
-	for held := range a.heldBy(wtxn, att) {
-		if familyOf(held.IP) != family || (att.IsZero() && held.Owner != owner) {
-			continue
+	if held := a.heldBy(wtxn, att, owner, family); held != nil {
+		if want.IsValid() && want != held.IP {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, not %s (release it first)", ErrOwnerHasIP, owner, held.IP, want)
+		}
+		eni, ok := pool.ENI(held.IP)
+		if !ok {
+			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, which has left the pool (%s): release it first",
+				ErrOwnerHasIP, owner, held.IP, pool.whyNotInPool(held.IP))
 		}
 		if held.Attachment != att {
 			// Recorded before networks were: it is this network's now.
@@ -189,14 +193,6 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 				return AllocationResult{}, false, err
 			}
 			wtxn.Commit()
-		}
-		if want.IsValid() && want != held.IP {
-			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, not %s (release it first)", ErrOwnerHasIP, owner, held.IP, want)
-		}
-		eni, ok := pool.ENI(held.IP)
-		if !ok {
-			return AllocationResult{}, false, fmt.Errorf("%w: %s holds %s, which has left the pool (%s): release it first",
-				ErrOwnerHasIP, owner, held.IP, pool.whyNotInPool(held.IP))
 		}
 		return NewResult(held.IP, eni, nonMasq, a.settings), false, nil
 	}
@@ -230,27 +226,27 @@ func (a *Allocator) Allocate(req Request) (result AllocationResult, created bool
 	return NewResult(ip, eni, nonMasq, a.settings), true, nil
 }
 
-// heldBy are the allocations of att, and, when it has none and a network,
-// those of the same container and interface recorded without a network
-// (checkpoint version 2).
-func (a *Allocator) heldBy(txn statedb.ReadTxn, att Attachment) iter.Seq[*Allocation] {
-	return func(yield func(*Allocation) bool) {
-		found := false
-		for al := range a.allocs.List(txn, AllocationAttachmentIndex.Query(att)) {
-			found = true
-			if !yield(al) {
-				return
-			}
-		}
-		if found || att.Network == "" {
-			return
-		}
-		for al := range a.allocs.List(txn, AllocationAttachmentIndex.Query(Attachment{ContainerID: att.ContainerID, IfName: att.IfName})) {
-			if !yield(al) {
-				return
+// heldBy is the allocation of family that att already holds (without an
+// attachment: that owner holds), or nil.
+func (a *Allocator) heldBy(txn statedb.ReadTxn, att Attachment, owner, family string) *Allocation {
+	for _, key := range attachmentKeys(att) {
+		for al := range a.allocs.List(txn, AllocationAttachmentIndex.Query(key)) {
+			if familyOf(al.IP) == family && (!att.IsZero() || al.Owner == owner) {
+				return al
 			}
 		}
 	}
+	return nil
+}
+
+// attachmentKeys are the keys under which att's allocations are recorded:
+// att, and for an attachment of a network the same container and interface
+// recorded without one (checkpoint version 2).
+func attachmentKeys(att Attachment) []Attachment {
+	if att.Network == "" {
+		return []Attachment{att}
+	}
+	return []Attachment{att, {ContainerID: att.ContainerID, IfName: att.IfName}}
 }
 
 // Release returns the IP to the pool; the pod's rules are removed.
@@ -285,13 +281,9 @@ func (a *Allocator) ReleaseAttachment(att Attachment) ([]*Allocation, error) {
 	if err := validateAttachment(att); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
-	keys := []Attachment{att}
-	if att.Network != "" {
-		keys = append(keys, Attachment{ContainerID: att.ContainerID, IfName: att.IfName})
-	}
 	return a.releaseAll(func(txn statedb.ReadTxn) []*Allocation {
 		var out []*Allocation
-		for _, k := range keys {
+		for _, k := range attachmentKeys(att) {
 			out = append(out, statedb.Collect(a.allocs.List(txn, AllocationAttachmentIndex.Query(k)))...)
 		}
 		return out
@@ -304,7 +296,7 @@ func (a *Allocator) ReleaseAttachment(att Attachment) ([]*Allocation, error) {
 // an attachment were made through the API, not by the CNI: they stay. A
 // GC without a network is of the attachments recorded without one.
 func (a *Allocator) GC(network string, valid []Attachment) ([]*Allocation, error) {
-	if err := validateAttachment(Attachment{Network: network, ContainerID: "gc", IfName: "gc"}); err != nil {
+	if err := validateNetwork(network); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	keep := make(map[Attachment]bool, len(valid))

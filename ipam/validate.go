@@ -56,13 +56,22 @@ func validateAttachment(a Attachment) error {
 	switch {
 	case a.ContainerID == "":
 		return fmt.Errorf("ifname %q without a containerID", errtext.Short(a.IfName))
-	case a.Network != "" && (len(a.Network) > 256 || !containerIDPattern.MatchString(a.Network)):
-		// The CNI spec's network name: the same characters as a container ID.
-		return fmt.Errorf("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", errtext.Short(a.Network))
 	case len(a.ContainerID) > 256 || !containerIDPattern.MatchString(a.ContainerID):
 		return fmt.Errorf("containerID %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", errtext.Short(a.ContainerID))
 	}
+	if err := validateNetwork(a.Network); err != nil {
+		return err
+	}
 	return validateIfName(a.IfName)
+}
+
+// validateNetwork is the CNI spec's network name (the same characters as a
+// container ID), or none.
+func validateNetwork(name string) error {
+	if name != "" && (len(name) > 256 || !containerIDPattern.MatchString(name)) {
+		return fmt.Errorf("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 256", errtext.Short(name))
+	}
+	return nil
 }
 
 // validateIfName is the CNI spec's (and the kernel's) interface name.

@@ -417,3 +417,33 @@ func TestPrivilegedCNIAttachDELOfNeverAddedKeepsAPIAllocations(t *testing.T) {
 		t.Errorf("after the DEL of a never-added attachment of shop/web the agent holds %+v, want the API's allocation", rows)
 	}
 }
+
+// Attachments of a version-2 checkpoint recorded no network: a retried ADD
+// in a network takes its allocation over (the same IP, now of that
+// network), and a DEL in a network releases one that was never taken over.
+func TestPrivilegedCNIAttachVersion2AttachmentsJoinTheirNetwork(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
+		WriteFileAtomic(t, filepath.Join(a.StateDir, "ipam-allocations.json"), `{"version": 2, "allocations": [
+  {"ip": "10.130.100.133", "owner": "shop/web", "containerID": "v2-web", "ifname": "eth0"},
+  {"ip": "10.130.100.134", "owner": "shop/db", "containerID": "v2-db", "ifname": "eth0"}
+]}`)
+	})
+	cni, api := newLibCNI(t, topo, a.APISocket()), newAPIClient(a.APISocket())
+	a.WaitFor("version-2 allocations restored", func() bool { return len(api.list(t, "")) == 2 })
+
+	var res struct{ IP string }
+	code, body, err := api.do(http.MethodPost, "/v1/ipam", map[string]string{
+		"owner": "shop/web", "network": "enimasq", "containerID": "v2-web", "ifname": "eth0"}, &res)
+	if err != nil || code != http.StatusOK || res.IP != "10.130.100.133" {
+		t.Fatalf("ADD again of v2-web: %d %s %v, want 200 and its 10.130.100.133", code, body, err)
+	}
+	if rows := api.list(t, "?network=enimasq&containerID=v2-web&ifname=eth0"); len(rows) != 1 || rows[0].Network != "enimasq" {
+		t.Errorf("v2-web after the ADD: %+v, want its allocation in network enimasq", rows)
+	}
+
+	cni.mustDel(runtimeConf("v2-db", "eth0", "", podRef{"shop", "db", ""}))
+	if rows := api.list(t, ""); len(rows) != 1 || rows[0].IP != "10.130.100.133" {
+		t.Errorf("after the DEL of v2-db the agent holds %+v, want only v2-web's", rows)
+	}
+}

@@ -271,6 +271,7 @@ type allocationRow struct {
 	IP          string `json:"ip"`
 	Owner       string `json:"owner"`
 	PodUID      string `json:"podUID"`
+	Network     string `json:"network"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifname"`
 	State       string `json:"state"`
