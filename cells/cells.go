@@ -7,6 +7,7 @@ import (
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/masqmap"
@@ -42,9 +43,9 @@ type apiHandlersOut struct {
 // mountIPAMAPI serves the ENI IPAM API (/v1/ipam) on the agent socket. The
 // ipam cell only provides the handler: where it is served is the agent's
 // choice, so that an embedding agent can mount it on its own API.
-func mountIPAMAPI(api *ipam.API) apiHandlersOut {
+func mountIPAMAPI(api *allocator.API) apiHandlersOut {
 	var out apiHandlersOut
-	for _, pattern := range ipam.APIPatterns {
+	for _, pattern := range allocator.APIPatterns {
 		out.Handlers = append(out.Handlers, infra.APIHandler{Pattern: pattern, Handler: api})
 	}
 	return out

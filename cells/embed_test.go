@@ -15,7 +15,7 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipam/netlinkfake"
 )
 
@@ -48,7 +48,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 		}),
 		cell.Provide(
 			func() bpf.MapStore { return bpf.NewFakeStore() },
-			func() *ipam.NetlinkTarget { return netlinkfake.New().Target() },
+			func() *datapath.NetlinkTarget { return netlinkfake.New().Target() },
 		),
 		cells.Features,
 		cell.Invoke(func(d *statedb.DB) { db = d }),

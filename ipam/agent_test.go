@@ -23,7 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/cells/infra"
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/allocations"
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipmasq"
 )
 
@@ -39,13 +41,13 @@ type agent struct {
 	t      testing.TB
 	h      *hive.Hive
 	log    *slog.Logger
-	nl     ipam.Netlink
+	nl     datapath.Netlink
 	db     *statedb.DB
-	alloc  *ipam.Allocator
-	api    *ipam.API
-	allocs statedb.Table[*ipam.Allocation]
-	rules  statedb.Table[*ipam.Rule]
-	routes statedb.Table[*ipam.Route]
+	alloc  *allocator.Allocator
+	api    *allocator.API
+	allocs statedb.Table[*allocations.Allocation]
+	rules  statedb.Table[*datapath.Rule]
+	routes statedb.Table[*datapath.Route]
 	cidrs  statedb.Table[*ipmasq.CIDR]
 
 	stopped bool
@@ -83,20 +85,20 @@ func writeAtomic(t testing.TB, path, content string) {
 
 // startAgent starts a hive in the namespace with the files of dir and waits
 // until its tables are initialized.
-func startAgent(t testing.TB, n testNetwork, nl ipam.Netlink, dir string, extra ...string) *agent {
+func startAgent(t testing.TB, n testNetwork, nl datapath.Netlink, dir string, extra ...string) *agent {
 	t.Helper()
 	a := startAgentNoWait(t, n, nl, dir, extra...)
 	a.waitInitialized()
 	return a
 }
 
-func startAgentNoWait(t testing.TB, n testNetwork, nl ipam.Netlink, dir string, extra ...string) *agent {
+func startAgentNoWait(t testing.TB, n testNetwork, nl datapath.Netlink, dir string, extra ...string) *agent {
 	t.Helper()
 	a := &agent{t: t, nl: nl, log: hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))}
 	cs := append([]cell.Cell{infra.Core, infra.NodeConfigCell}, testCells(n, nl)...)
-	cs = append(cs, cell.Invoke(func(db *statedb.DB, alloc *ipam.Allocator, api *ipam.API,
-		allocs statedb.Table[*ipam.Allocation], rules statedb.Table[*ipam.Rule],
-		routes statedb.Table[*ipam.Route], cidrs statedb.Table[*ipmasq.CIDR]) {
+	cs = append(cs, cell.Invoke(func(db *statedb.DB, alloc *allocator.Allocator, api *allocator.API,
+		allocs statedb.Table[*allocations.Allocation], rules statedb.Table[*datapath.Rule],
+		routes statedb.Table[*datapath.Route], cidrs statedb.Table[*ipmasq.CIDR]) {
 		a.db, a.alloc, a.api, a.allocs, a.rules, a.routes, a.cidrs = db, alloc, api, allocs, rules, routes, cidrs
 	}))
 	a.h = infra.New(cs...)
@@ -171,7 +173,7 @@ func (a *agent) waitInitialized() {
 func (a *agent) waitKernel(want string) {
 	a.t.Helper()
 	a.waitFor("kernel rules and Done rows", func() (bool, string) {
-		got, err := ipam.KernelRules(a.nl, []int{unix.AF_INET})
+		got, err := datapath.KernelRules(a.nl, []int{unix.AF_INET})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -193,16 +195,16 @@ func (a *agent) waitKernel(want string) {
 	})
 }
 
-func (a *agent) allocate(owner, ip string) ipam.AllocationResult {
+func (a *agent) allocate(owner, ip string) allocator.AllocationResult {
 	a.t.Helper()
-	res, _, err := a.alloc.Allocate(ipam.Request{Owner: owner, IP: ip})
+	res, _, err := a.alloc.Allocate(allocator.Request{Owner: owner, IP: ip})
 	if err != nil {
 		a.t.Fatalf("allocate %s %s: %s", owner, ip, err)
 	}
 	return res
 }
 
-// kernelRules is what ipam.KernelRules prints for pods (ip, table), each
+// kernelRules is what datapath.KernelRules prints for pods (ip, table), each
 // with the given CIDRs ("" for one rule to all destinations).
 func kernelRules(cidrs string, pods ...string) string {
 	var p20, p111 strings.Builder
@@ -221,7 +223,7 @@ func kernelRules(cidrs string, pods ...string) string {
 
 var threePods = []string{"10.130.100.133 11", "10.130.100.134 11", "10.130.112.20 12"}
 
-func threePodAgent(t *testing.T, n testNetwork, nl ipam.Netlink, dir string, extra ...string) *agent {
+func threePodAgent(t *testing.T, n testNetwork, nl datapath.Netlink, dir string, extra ...string) *agent {
 	a := startAgent(t, n, nl, dir, extra...)
 	a.allocate("shop/a", "")
 	a.allocate("shop/b", "")

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"golang.org/x/sys/unix"
-
-	"github.com/enimasq/enimasq/ipam"
 )
 
 // Concurrent requests: every owner gets one IP, no IP goes to two owners,
@@ -40,7 +40,7 @@ func TestConcurrentAllocations(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			owner := fmt.Sprintf("ns/pod-%d", i%owners)
-			res, _, err := a.alloc.Allocate(ipam.Request{Owner: owner})
+			res, _, err := a.alloc.Allocate(allocator.Request{Owner: owner})
 			answers <- answer{owner, res.IP, err}
 		}()
 	}
@@ -51,7 +51,7 @@ func TestConcurrentAllocations(t *testing.T) {
 	exhausted := map[string]bool{}
 	for ans := range answers {
 		switch {
-		case errors.Is(ans.err, ipam.ErrPoolExhausted):
+		case errors.Is(ans.err, allocator.ErrPoolExhausted):
 			exhausted[ans.owner] = true
 		case ans.err != nil:
 			t.Errorf("%s: %s", ans.owner, ans.err)
@@ -74,7 +74,7 @@ func TestConcurrentAllocations(t *testing.T) {
 			t.Errorf("%s got an IP and an exhausted error", owner)
 		}
 	}
-	entries, err := ipam.ReadCheckpoint(filepath.Join(dir, "state", ipam.CheckpointFile))
+	entries, err := allocator.ReadCheckpoint(filepath.Join(dir, "state", allocator.CheckpointFile))
 	if err != nil || len(entries) != 5 {
 		t.Fatalf("checkpoint: %v %v", entries, err)
 	}
@@ -103,7 +103,7 @@ func TestAPI(t *testing.T) {
 	a := startAgent(t, n, n.Handle(), dir)
 
 	code, body := a.do("POST", "/v1/ipam?wait=true", `{"owner": "shop/web"}`)
-	var res ipam.AllocationResult
+	var res allocator.AllocationResult
 	if err := json.Unmarshal([]byte(body), &res); code != http.StatusCreated || err != nil {
 		t.Fatalf("POST: %d %s", code, body)
 	}
@@ -117,7 +117,7 @@ func TestAPI(t *testing.T) {
 		}
 	}
 	// ?wait=true answered after the rules were in the kernel.
-	rules, _ := ipam.KernelRules(n.Handle(), []int{unix.AF_INET})
+	rules, _ := datapath.KernelRules(n.Handle(), []int{unix.AF_INET})
 	if rules != kernelRules(sampleCIDRs, "10.130.100.133 11") {
 		t.Errorf("rules after POST ?wait=true:\n%s", rules)
 	}
@@ -146,7 +146,7 @@ func TestAPI(t *testing.T) {
 		{"POST", "/v1/ipam?wait=true&timeout=300ms", `{"owner": "shop/c", "ip": "10.130.112.20"}`, 503, "rules-failed", "no link with MAC 0a:58:0a:82:70:0a"},
 	} {
 		code, body := a.do(tc.method, tc.path, tc.body)
-		var e ipam.APIError
+		var e allocator.APIError
 		if err := json.Unmarshal([]byte(body), &e); err != nil || code != tc.code || e.Reason != tc.reason || !strings.Contains(e.Message, tc.message) {
 			t.Errorf("%s %s %s: %d %s; want %d, reason %s, error containing %q", tc.method, tc.path, tc.body, code, body, tc.code, tc.reason, tc.message)
 		}
@@ -165,9 +165,9 @@ func TestAPI(t *testing.T) {
 	}
 
 	code, body = a.do("GET", "/v1/ipam", "")
-	var list []ipam.AllocationInfo
+	var list []allocator.AllocationInfo
 	if err := json.Unmarshal([]byte(body), &list); code != 200 || err != nil || len(list) != 5 ||
-		list[0] != (ipam.AllocationInfo{IP: "10.130.100.133", Owner: "shop/web", Family: "ipv4", ENI: "eni-0a1b2c3d4e5f00001", State: "Allocated"}) {
+		list[0] != (allocator.AllocationInfo{IP: "10.130.100.133", Owner: "shop/web", Family: "ipv4", ENI: "eni-0a1b2c3d4e5f00001", State: "Allocated"}) {
 		t.Errorf("GET /v1/ipam: %d %s", code, body)
 	}
 	if code, body := a.do("GET", "/v1/ipam/10.130.100.133", ""); code != 200 || !strings.Contains(body, `"master-mac": "0a:58:0a:82:64:0a"`) {
@@ -177,7 +177,7 @@ func TestAPI(t *testing.T) {
 		t.Errorf("DELETE: %d %s", code, body)
 	}
 	a.waitFor("the released pod's rules gone", func() (bool, string) {
-		rules, _ := ipam.KernelRules(n.Handle(), []int{unix.AF_INET})
+		rules, _ := datapath.KernelRules(n.Handle(), []int{unix.AF_INET})
 		return !strings.Contains(rules, "10.130.100.133"), rules
 	})
 
@@ -216,7 +216,7 @@ func TestAPIListNotReadyBeforeRestore(t *testing.T) {
 	n := newFakeNetwork(t, false)
 	dir := newWorkDir(t)
 	// An unreadable checkpoint keeps the allocator from restoring.
-	writeAtomic(t, filepath.Join(dir, "state", ipam.CheckpointFile), "{not json")
+	writeAtomic(t, filepath.Join(dir, "state", allocator.CheckpointFile), "{not json")
 	a := startAgentNoWait(t, n, n.Handle(), dir)
 	for _, path := range []string{"/v1/ipam", "/v1/ipam?containerID=c1&ifname=eth0", "/v1/ipam/10.130.100.133"} {
 		a.waitFor("GET "+path+" answers not-ready", func() (bool, string) {

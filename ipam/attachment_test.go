@@ -9,26 +9,26 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"golang.org/x/sys/unix"
-
-	"github.com/enimasq/enimasq/ipam"
 )
 
 // post allocates for an attachment of shop/db-0 and returns the IP.
 func (a *agent) postAttachment(containerID string) string {
 	a.t.Helper()
 	code, body := a.do("POST", "/v1/ipam", fmt.Sprintf(`{"owner": "shop/db-0", "containerID": %q, "ifname": "eth0"}`, containerID))
-	var res ipam.AllocationResult
+	var res allocator.AllocationResult
 	if err := json.Unmarshal([]byte(body), &res); err != nil || (code != http.StatusCreated && code != http.StatusOK) {
 		a.t.Fatalf("POST for %s: %d %s", containerID, code, body)
 	}
 	return res.IP
 }
 
-func (a *agent) releaseAttachment(containerID string) []ipam.AllocationInfo {
+func (a *agent) releaseAttachment(containerID string) []allocator.AllocationInfo {
 	a.t.Helper()
 	code, body := a.do("POST", "/v1/ipam/release", fmt.Sprintf(`{"containerID": %q, "ifname": "eth0"}`, containerID))
-	var released []ipam.AllocationInfo
+	var released []allocator.AllocationInfo
 	if err := json.Unmarshal([]byte(body), &released); err != nil || code != http.StatusOK {
 		a.t.Fatalf("release %s: %d %s", containerID, code, body)
 	}
@@ -66,12 +66,12 @@ func TestStaleDELKeepsTheNewSandboxsIP(t *testing.T) {
 		t.Fatalf("the next pod got B's %s", ipB)
 	}
 	code, body := a.do("GET", "/v1/ipam?containerID=sandbox-b&ifname=eth0", "")
-	var list []ipam.AllocationInfo
+	var list []allocator.AllocationInfo
 	if err := json.Unmarshal([]byte(body), &list); err != nil || code != 200 || len(list) != 1 || list[0].IP != ipB {
 		t.Errorf("B's allocations: %d %s", code, body)
 	}
 	a.waitFor("B's rules in the kernel, A's gone", func() (bool, string) {
-		rules, _ := ipam.KernelRules(n.Handle(), []int{unix.AF_INET})
+		rules, _ := datapath.KernelRules(n.Handle(), []int{unix.AF_INET})
 		return strings.Contains(rules, "from "+ipB+" ") && strings.Contains(rules, "from "+next+" ") &&
 			(ipA == next || !strings.Contains(rules, "from "+ipA+" ")), rules
 	})
@@ -91,7 +91,7 @@ func TestGCReleasesAttachmentsNotValid(t *testing.T) {
 	apiMade := a.allocate("shop/api-made", "")
 
 	code, body := a.do("POST", "/v1/ipam/gc", `{"validAttachments": [{"containerID": "ctr-1", "ifname": "eth0"}, {"containerID": "ctr-3", "ifname": "eth0"}]}`)
-	var released []ipam.AllocationInfo
+	var released []allocator.AllocationInfo
 	if err := json.Unmarshal([]byte(body), &released); err != nil || code != 200 {
 		t.Fatalf("GC: %d %s", code, body)
 	}
@@ -111,7 +111,7 @@ func TestGCReleasesAttachmentsNotValid(t *testing.T) {
 		t.Errorf("left %v, want %v", left, want)
 	}
 	a.waitFor("the released attachments' rules gone", func() (bool, string) {
-		rules, _ := ipam.KernelRules(n.Handle(), []int{unix.AF_INET})
+		rules, _ := datapath.KernelRules(n.Handle(), []int{unix.AF_INET})
 		return !strings.Contains(rules, "from "+ips["ctr-0"]+" ") && !strings.Contains(rules, "from "+ips["ctr-2"]+" ") &&
 			strings.Contains(rules, "from "+ips["ctr-1"]+" "), rules
 	})
@@ -134,7 +134,7 @@ func TestAPIInputIsStrict(t *testing.T) {
 		{`{"owner": "shop/a", "podUID": "not a uid"}`, "podUID"},
 	} {
 		code, body := a.do("POST", "/v1/ipam", tc.body)
-		var e ipam.APIError
+		var e allocator.APIError
 		if err := json.Unmarshal([]byte(body), &e); err != nil || code != 400 || !strings.Contains(e.Message, tc.message) {
 			t.Errorf("%s: %d %s, want 400 naming %q", tc.body, code, body, tc.message)
 		}

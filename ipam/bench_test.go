@@ -20,6 +20,9 @@ import (
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/ciliumnode"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipmasq"
 )
 
@@ -66,8 +69,8 @@ type benchEnv struct {
 	nl     *countingNetlink
 	db     *statedb.DB
 	cidrs  statedb.RWTable[*ipmasq.CIDR]
-	rules  statedb.Table[*ipam.Rule]
-	alloc  *ipam.Allocator
+	rules  statedb.Table[*datapath.Rule]
+	alloc  *allocator.Allocator
 	pods   []netip.Addr
 	tables map[netip.Addr]int
 }
@@ -164,8 +167,8 @@ func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 		infra.Core, infra.NodeConfigCell,
 		cidrsCell,
 		ipam.Cell,
-		cell.Provide(func() *ipam.NetlinkTarget { return &ipam.NetlinkTarget{Handle: e.nl} }),
-		cell.Invoke(func(db *statedb.DB, rules statedb.Table[*ipam.Rule], alloc *ipam.Allocator) {
+		cell.Provide(func() *datapath.NetlinkTarget { return &datapath.NetlinkTarget{Handle: e.nl} }),
+		cell.Invoke(func(db *statedb.DB, rules statedb.Table[*datapath.Rule], alloc *allocator.Allocator) {
 			e.db, e.rules, e.alloc = db, rules, alloc
 		}),
 	)
@@ -190,7 +193,7 @@ func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 	deadline := time.Now().Add(30 * time.Second)
 	for i := range pods {
 		for {
-			res, _, err := e.alloc.Allocate(ipam.Request{Owner: fmt.Sprintf("bench/pod-%d", i)})
+			res, _, err := e.alloc.Allocate(allocator.Request{Owner: fmt.Sprintf("bench/pod-%d", i)})
 			if err == nil {
 				ip := netip.MustParseAddr(res.IP)
 				e.pods = append(e.pods, ip)
@@ -209,10 +212,10 @@ func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 
 func egressRule(pod netip.Addr, dst netip.Prefix, table int) *netlink.Rule {
 	r := netlink.NewRule()
-	r.Priority = ipam.RulePriorityEgress
+	r.Priority = datapath.RulePriorityEgress
 	r.Family = 2 // AF_INET
 	r.Table = table
-	r.Protocol = ipam.RTProto
+	r.Protocol = datapath.RTProto
 	r.Src = ipNetOf(netip.PrefixFrom(pod, 32))
 	r.Dst = ipNetOf(dst)
 	return r
@@ -243,7 +246,7 @@ func benchAddCIDR(b *testing.B, pods int, fromFile bool) {
 	e := newBenchEnv(b, pods, fromFile)
 	total := pods * (1 + len(benchCIDRs))
 	oldCIDRs := make([]netip.Prefix, 0, len(benchCIDRs))
-	for _, s := range ipam.CoalesceCIDRs(parsePrefixes(benchCIDRs)) {
+	for _, s := range ciliumnode.CoalesceCIDRs(parsePrefixes(benchCIDRs)) {
 		oldCIDRs = append(oldCIDRs, s)
 	}
 	if len(oldCIDRs) != 8 {

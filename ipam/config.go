@@ -5,19 +5,14 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-)
-
-// Egress rule modes (--eni-egress-rule-mode).
-const (
-	// EgressModeCIDR: one priority-111 rule per pod and CIDR of the
-	// allocation result, as Cilium does with masquerading on.
-	EgressModeCIDR = "cidr"
-	// EgressModeAll: one priority-111 rule per pod for all destinations
-	// (upstream's answer to cilium#45137).
-	EgressModeAll = "all"
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/ciliumnode"
+	"github.com/enimasq/enimasq/ipam/datapath"
+	"github.com/enimasq/enimasq/ipam/podset"
 )
 
 // IPAMModeENI is the only IPAM mode enimasq's ENI cells act in (--ipam).
@@ -38,10 +33,10 @@ type Config struct {
 
 // DefaultConfig is the default ENI IPAM configuration.
 var DefaultConfig = Config{
-	CiliumNodePath:          "/etc/config/ciliumnode",
+	CiliumNodePath:          ciliumnode.DefaultPath,
 	CiliumNodeResync:        60 * time.Second,
 	CiliumNodeLossGrace:     30 * time.Second,
-	ENIEgressRuleMode:       EgressModeCIDR,
+	ENIEgressRuleMode:       datapath.EgressModeCIDR,
 	ENINetlinkRetryMin:      100 * time.Millisecond,
 	ENINetlinkRetryMax:      time.Minute,
 	ENINetlinkRefreshPeriod: 5 * time.Minute,
@@ -57,108 +52,123 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Duration("eni-netlink-refresh-interval", def.ENINetlinkRefreshPeriod, "Re-add every ip rule and route and delete unknown ones of enimasq's protocol this often (drift repair)")
 }
 
-// Settings are the validated flags the desired-state computation needs.
+// Settings are the settings of the parts, from the flags and the node's
+// config: who allocates decides which parts run and what of a pod's
+// datapath is enimasq's.
 type Settings struct {
 	// Off, when set, says why the ENI IPAM does nothing: linked into Cilium
 	// with an IPAM mode other than ENI. Its tables exist, are initialized
 	// and stay empty.
 	Off string
 
-	// EgressMode is EgressModeCIDR or EgressModeAll.
-	EgressMode string
-	// NativeRoutingCIDR and NativeRoutingCIDRv6 are
-	// --ipv4/ipv6-native-routing-cidr (invalid when unset).
-	NativeRoutingCIDR, NativeRoutingCIDRv6 netip.Prefix
-	// MasqueradeV4 and MasqueradeV6: the family is masqueraded
-	// (--enable-ipv4/6-masquerade, in BPF or by iptables), as cilium-cni
-	// decides. With it off, the egress rule is one rule for all
-	// destinations, as in Cilium.
-	MasqueradeV4, MasqueradeV6 bool
-	// EnableIPv4 and EnableIPv6 are the families the node runs.
-	EnableIPv4, EnableIPv6 bool
-	// Allocator is who hands out pod IPs and writes their rules at ADD:
-	// nodeconfig.AllocatorEnimasq or nodeconfig.AllocatorCilium.
-	Allocator string
-	// PodRules is the shape (priorities, table offset, protocol) of the
-	// pod rules.
-	PodRules nodeconfig.PodRules
+	CiliumNode ciliumnode.Settings
+	Allocator  allocator.Settings
+	PodSet     podset.Settings
+	Datapath   datapath.Settings
 }
 
-// OwnsAllocations says whether enimasq's own allocator (and its CNI API,
-// checkpoint and ENI routes) runs, rather than Cilium's IPAM.
-func (s Settings) OwnsAllocations() bool { return s.Allocator != nodeconfig.AllocatorCilium }
+// partSettings are Settings as the parts take them.
+type partSettings struct {
+	cell.Out
 
-// Masquerade says whether masquerading is on for the family of addr.
-func (s Settings) Masquerade(addr netip.Addr) bool {
-	if addr.Is4() {
-		return s.MasqueradeV4
-	}
-	return s.MasqueradeV6
+	CiliumNode ciliumnode.Settings
+	Allocator  allocator.Settings
+	PodSet     podset.Settings
+	Datapath   datapath.Settings
 }
 
-// FamilyEnabled says whether the node runs the family of addr.
-func (s Settings) FamilyEnabled(addr netip.Addr) bool {
-	if addr.Is4() {
-		return s.EnableIPv4
-	}
-	return s.EnableIPv6
+func newPartSettings(c Config, node nodeconfig.Config) (partSettings, error) {
+	s, err := NewSettings(c, node)
+	return partSettings{CiliumNode: s.CiliumNode, Allocator: s.Allocator, PodSet: s.PodSet, Datapath: s.Datapath}, err
 }
 
-// NewSettings validates the flags. Errors name the flag.
+// NewSettings validates the flags against the node's config. Errors name the
+// flag.
 func NewSettings(c Config, node nodeconfig.Config) (Settings, error) {
+	if err := validate(c); err != nil {
+		return Settings{}, err
+	}
 	if node.IPAM.Mode != IPAMModeENI {
-		if node.IPAM.Allocator == nodeconfig.AllocatorCilium {
-			// Linked into Cilium with another IPAM mode: no ENI pods.
-			return Settings{Off: fmt.Sprintf("IPAM mode is %q, not %q", node.IPAM.Mode, IPAMModeENI), Allocator: node.IPAM.Allocator}, nil
+		if node.IPAM.Allocator != nodeconfig.AllocatorCilium {
+			return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", node.IPAM.Mode, IPAMModeENI)
 		}
-		return Settings{}, fmt.Errorf("--ipam %q is not supported: the only IPAM mode is %q", node.IPAM.Mode, IPAMModeENI)
+		// Linked into Cilium with another IPAM mode: no ENI pods.
+		off := fmt.Sprintf("IPAM mode is %q, not %q", node.IPAM.Mode, IPAMModeENI)
+		return Settings{
+			Off:        off,
+			CiliumNode: ciliumnode.Settings{Off: off},
+			Allocator:  allocator.Settings{Off: off},
+			PodSet:     podset.Settings{Off: off},
+			Datapath:   datapath.Settings{Off: off},
+		}, nil
 	}
+	routing := []netip.Prefix{node.IPAM.IPv4NativeRoutingCIDR, node.IPAM.IPv6NativeRoutingCIDR}
 	s := Settings{
-		EgressMode:          c.ENIEgressRuleMode,
-		NativeRoutingCIDR:   node.IPAM.IPv4NativeRoutingCIDR,
-		NativeRoutingCIDRv6: node.IPAM.IPv6NativeRoutingCIDR,
-		// One rule per CIDR while the family is masqueraded, by BPF or by
-		// iptables: cilium-cni decides on --enable-ipv4/6-masquerade alone.
-		MasqueradeV4: node.Masquerade.IPv4,
-		MasqueradeV6: node.Masquerade.IPv6,
-		EnableIPv4:   node.EnableIPv4,
-		EnableIPv6:   node.EnableIPv6,
-		Allocator:    node.IPAM.Allocator,
-		PodRules:     node.IPAM.PodRules,
+		CiliumNode: ciliumnode.Settings{Path: c.CiliumNodePath, Resync: c.CiliumNodeResync, LossGrace: c.CiliumNodeLossGrace},
+		Allocator: allocator.Settings{
+			EnableIPv4: node.EnableIPv4, EnableIPv6: node.EnableIPv6, NativeRouting: routing,
+			CiliumNodeSource: c.CiliumNodePath, CiliumNodeResync: c.CiliumNodeResync,
+		},
+		Datapath: datapath.Settings{
+			EgressMode:    c.ENIEgressRuleMode,
+			NativeRouting: routing,
+			// One rule per CIDR while the family is masqueraded, by BPF or
+			// by iptables: cilium-cni decides on --enable-ipv4/6-masquerade
+			// alone.
+			MasqueradeV4:  node.Masquerade.IPv4,
+			MasqueradeV6:  node.Masquerade.IPv6,
+			EnableIPv4:    node.EnableIPv4,
+			EnableIPv6:    node.EnableIPv6,
+			PodRules:      node.IPAM.PodRules,
+			RetryMin:      c.ENINetlinkRetryMin,
+			RetryMax:      c.ENINetlinkRetryMax,
+			RefreshPeriod: c.ENINetlinkRefreshPeriod,
+		},
 	}
-	switch s.Allocator {
-	case "":
-		s.Allocator = nodeconfig.AllocatorEnimasq
-	case nodeconfig.AllocatorEnimasq:
+	if s.Datapath.PodRules == (nodeconfig.PodRules{}) {
+		s.Datapath.PodRules = nodeconfig.EnimasqPodRules
+	}
+	switch node.IPAM.Allocator {
+	case "", nodeconfig.AllocatorEnimasq:
+		// enimasq allocates, and writes every rule and route of its pods
+		// with a protocol of its own.
+		s.PodSet.Off = "enimasq's allocator allocates"
+		s.Datapath.IngressRules, s.Datapath.Routes = true, true
 	case nodeconfig.AllocatorCilium:
-		// The rules must be the ones cilium-cni writes at ADD (and the agent
-		// at endpoint restore), or the two would undo each other.
-		if c.ENIEgressRuleMode != EgressModeCIDR {
+		// Cilium allocates; cilium-cni writes a pod's rules at ADD (and
+		// the agent at endpoint restore), its routes and its ingress rule:
+		// enimasq keeps the egress rules in step, in cilium-cni's shape, or
+		// the two would undo each other.
+		if c.ENIEgressRuleMode != datapath.EgressModeCIDR {
 			return Settings{}, fmt.Errorf("--eni-egress-rule-mode %q: linked into Cilium, the pod rules are cilium-cni's shape (%q); "+
-				"Cilium would put its per-CIDR rules back at every endpoint restore", c.ENIEgressRuleMode, EgressModeCIDR)
+				"Cilium would put its per-CIDR rules back at every endpoint restore", c.ENIEgressRuleMode, datapath.EgressModeCIDR)
 		}
+		s.Allocator.Off = "the embedding agent's IPAM allocates"
+		s.Datapath.SharedProtocol = true
 	default:
-		return Settings{}, fmt.Errorf("pod IP allocator %q: want %q or %q", s.Allocator, nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium)
+		return Settings{}, fmt.Errorf("pod IP allocator %q: want %q or %q", node.IPAM.Allocator, nodeconfig.AllocatorEnimasq, nodeconfig.AllocatorCilium)
 	}
-	if s.PodRules == (nodeconfig.PodRules{}) {
-		s.PodRules = nodeconfig.EnimasqPodRules
-	}
+	return s, nil
+}
+
+// validate checks the flags on their own.
+func validate(c Config) error {
 	switch c.ENIEgressRuleMode {
-	case EgressModeCIDR, EgressModeAll:
+	case datapath.EgressModeCIDR, datapath.EgressModeAll:
 	default:
-		return Settings{}, fmt.Errorf("--eni-egress-rule-mode %q: want %q or %q", c.ENIEgressRuleMode, EgressModeCIDR, EgressModeAll)
+		return fmt.Errorf("--eni-egress-rule-mode %q: want %q or %q", c.ENIEgressRuleMode, datapath.EgressModeCIDR, datapath.EgressModeAll)
 	}
 	switch {
 	case c.CiliumNodePath == "":
-		return Settings{}, fmt.Errorf("--ciliumnode-path must not be empty")
+		return fmt.Errorf("--ciliumnode-path must not be empty")
 	case c.CiliumNodeLossGrace < 0:
-		return Settings{}, fmt.Errorf("--ciliumnode-loss-grace %s: must not be negative", c.CiliumNodeLossGrace)
+		return fmt.Errorf("--ciliumnode-loss-grace %s: must not be negative", c.CiliumNodeLossGrace)
 	case c.CiliumNodeResync <= 0:
-		return Settings{}, fmt.Errorf("--ciliumnode-resync-interval %s: must be positive", c.CiliumNodeResync)
+		return fmt.Errorf("--ciliumnode-resync-interval %s: must be positive", c.CiliumNodeResync)
 	case c.ENINetlinkRetryMin <= 0 || c.ENINetlinkRetryMax < c.ENINetlinkRetryMin:
-		return Settings{}, fmt.Errorf("--eni-netlink-retry-min %s and --eni-netlink-retry-max %s: want 0 < min <= max", c.ENINetlinkRetryMin, c.ENINetlinkRetryMax)
+		return fmt.Errorf("--eni-netlink-retry-min %s and --eni-netlink-retry-max %s: want 0 < min <= max", c.ENINetlinkRetryMin, c.ENINetlinkRetryMax)
 	case c.ENINetlinkRefreshPeriod <= 0:
-		return Settings{}, fmt.Errorf("--eni-netlink-refresh-interval %s: must be positive", c.ENINetlinkRefreshPeriod)
+		return fmt.Errorf("--eni-netlink-refresh-interval %s: must be positive", c.ENINetlinkRefreshPeriod)
 	}
-	return s, nil
+	return nil
 }

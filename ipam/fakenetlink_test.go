@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // netlinkStep is one operation and what the kernel answers: the errno (0:
@@ -21,7 +21,7 @@ type netlinkStep struct {
 	name  string
 	op    func(n testNetwork) error
 	errno unix.Errno
-	emits []ipam.NetlinkChange
+	emits []datapath.NetlinkChange
 }
 
 func testRule(prio int, from, to string, table int, proto uint8) *netlink.Rule {
@@ -51,25 +51,25 @@ func linkIndex(n testNetwork, name string) int {
 func testRoute(n testNetwork, table int, dst, gw, link string) *netlink.Route {
 	p := netip.MustParsePrefix(dst)
 	r := &netlink.Route{Table: table, Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)},
-		LinkIndex: linkIndex(n, link), Protocol: ipam.RTProto, Scope: netlink.SCOPE_LINK}
+		LinkIndex: linkIndex(n, link), Protocol: datapath.RTProto, Scope: netlink.SCOPE_LINK}
 	if gw != "" {
 		r.Gw, r.Scope = net.ParseIP(gw), netlink.SCOPE_UNIVERSE
 	}
 	return r
 }
 
-func ruleStep(name string, op func(nl ipam.Netlink) func(*netlink.Rule) error, r *netlink.Rule, errno unix.Errno, emits ...ipam.NetlinkChange) netlinkStep {
+func ruleStep(name string, op func(nl datapath.Netlink) func(*netlink.Rule) error, r *netlink.Rule, errno unix.Errno, emits ...datapath.NetlinkChange) netlinkStep {
 	return netlinkStep{name: name, op: func(n testNetwork) error { return op(n.Handle())(r) }, errno: errno, emits: emits}
 }
 
-func replaceStep(name string, table int, dst, gw, link string, errno unix.Errno, emits ...ipam.NetlinkChange) netlinkStep {
+func replaceStep(name string, table int, dst, gw, link string, errno unix.Errno, emits ...datapath.NetlinkChange) netlinkStep {
 	return netlinkStep{name: name, op: func(n testNetwork) error {
 		return n.Handle().RouteReplace(testRoute(n, table, dst, gw, link))
 	}, errno: errno, emits: emits}
 }
 
-func add(nl ipam.Netlink) func(*netlink.Rule) error { return nl.RuleAdd }
-func del(nl ipam.Netlink) func(*netlink.Rule) error { return nl.RuleDel }
+func add(nl datapath.Netlink) func(*netlink.Rule) error { return nl.RuleAdd }
+func del(nl datapath.Netlink) func(*netlink.Rule) error { return nl.RuleDel }
 
 const (
 	podA = "10.130.100.133/32"
@@ -80,21 +80,21 @@ const (
 // ruleOps.Update's EEXIST, pruneLoose's deletes, routeOps), in one
 // sequence whose end state is compared too.
 var netlinkSteps = []netlinkStep{
-	ruleStep("add", add, testRule(111, podA, "10.0.0.0/8", 11, 237), 0, ipam.RuleAdded),
-	ruleStep("same selectors, another protocol", add, testRule(111, podA, "10.0.0.0/8", 11, 3), 0, ipam.RuleAdded),
+	ruleStep("add", add, testRule(111, podA, "10.0.0.0/8", 11, 237), 0, datapath.RuleAdded),
+	ruleStep("same selectors, another protocol", add, testRule(111, podA, "10.0.0.0/8", 11, 3), 0, datapath.RuleAdded),
 	ruleStep("no destination: matches a rule with one", add, testRule(111, podA, "", 11, 237), unix.EEXIST),
-	ruleStep("another destination", add, testRule(111, podA, "172.16.0.0/12", 11, 237), 0, ipam.RuleAdded),
+	ruleStep("another destination", add, testRule(111, podA, "172.16.0.0/12", 11, 237), 0, datapath.RuleAdded),
 	ruleStep("duplicate", add, testRule(111, podA, "10.0.0.0/8", 11, 237), unix.EEXIST),
-	ruleStep("another table", add, testRule(111, podA, "10.0.0.0/8", 12, 237), 0, ipam.RuleAdded),
-	ruleStep("delete without destination takes the first", del, testRule(111, podA, "", 11, 237), 0, ipam.RuleDeleted),
+	ruleStep("another table", add, testRule(111, podA, "10.0.0.0/8", 12, 237), 0, datapath.RuleAdded),
+	ruleStep("delete without destination takes the first", del, testRule(111, podA, "", 11, 237), 0, datapath.RuleDeleted),
 	ruleStep("delete a missing rule", del, testRule(111, podB, "", 11, 237), unix.ENOENT),
-	ruleStep("delete by source only", del, testRule(-1, podA, "", 0, 0), 0, ipam.RuleDeleted),
-	ruleStep("no priority: the kernel's default", add, testRule(-1, podB, "", 12, 237), 0, ipam.RuleAdded),
+	ruleStep("delete by source only", del, testRule(-1, podA, "", 0, 0), 0, datapath.RuleDeleted),
+	ruleStep("no priority: the kernel's default", add, testRule(-1, podB, "", 12, 237), 0, datapath.RuleAdded),
 	replaceStep("gateway not reachable", 11, "0.0.0.0/0", "10.130.96.1", "eni1", unix.ENETUNREACH),
-	replaceStep("link route", 11, "10.130.96.1/32", "", "eni1", 0, ipam.RouteAdded),
-	replaceStep("gateway route", 11, "0.0.0.0/0", "10.130.96.1", "eni1", 0, ipam.RouteAdded),
-	replaceStep("replace on another link", 11, "10.130.96.1/32", "", "eni2", 0, ipam.RouteAdded),
-	replaceStep("table 12 link route", 12, "10.130.112.1/32", "", "eni2", 0, ipam.RouteAdded),
+	replaceStep("link route", 11, "10.130.96.1/32", "", "eni1", 0, datapath.RouteAdded),
+	replaceStep("gateway route", 11, "0.0.0.0/0", "10.130.96.1", "eni1", 0, datapath.RouteAdded),
+	replaceStep("replace on another link", 11, "10.130.96.1/32", "", "eni2", 0, datapath.RouteAdded),
+	replaceStep("table 12 link route", 12, "10.130.112.1/32", "", "eni2", 0, datapath.RouteAdded),
 	replaceStep("host bits", 11, "10.130.96.1/20", "", "eni1", unix.EINVAL),
 	{name: "delete in the wrong scope", op: func(n testNetwork) error {
 		r := testRoute(n, 11, "10.130.96.1/32", "", "eni2")
@@ -107,11 +107,11 @@ var netlinkSteps = []netlinkStep{
 	}, errno: unix.ESRCH},
 	{name: "delete in any scope", op: func(n testNetwork) error {
 		return n.Handle().RouteDel(&netlink.Route{Table: 12, Dst: ipNetOf(netip.MustParsePrefix("10.130.112.1/32")),
-			Protocol: ipam.RTProto, Scope: netlink.SCOPE_NOWHERE})
-	}, emits: []ipam.NetlinkChange{ipam.RouteDeleted}},
+			Protocol: datapath.RTProto, Scope: netlink.SCOPE_NOWHERE})
+	}, emits: []datapath.NetlinkChange{datapath.RouteDeleted}},
 	// The link's IPv4 routes go without a notification of their own.
 	{name: "delete eni2", op: func(n testNetwork) error { return n.DelLink("eni2") }},
-	ruleStep("marker", add, testRule(999, podB, "", 99, 237), 0, ipam.RuleAdded),
+	ruleStep("marker", add, testRule(999, podB, "", 99, 237), 0, datapath.RuleAdded),
 }
 
 // netlinkEndState is the rules and routes after netlinkSteps.
@@ -122,13 +122,13 @@ const netlinkEndState = `110: from 10.130.100.134 lookup 12 proto 237
 table 11: default via 10.130.96.1 dev eni1
 `
 
-func runNetlinkSteps(t *testing.T, n testNetwork, changes ipam.NetlinkChanges) {
+func runNetlinkSteps(t *testing.T, n testNetwork, changes datapath.NetlinkChanges) {
 	sub, err := changes.SubscribeChanges([]int{unix.AF_INET}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	var want []ipam.NetlinkChange
+	var want []datapath.NetlinkChange
 	for _, s := range netlinkSteps {
 		err := s.op(n)
 		if got := errnoOf(err); got != s.errno {
@@ -140,7 +140,7 @@ func runNetlinkSteps(t *testing.T, n testNetwork, changes ipam.NetlinkChanges) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes, err := ipam.KernelRoutes(n.Handle(), []int{unix.AF_INET})
+	routes, err := datapath.KernelRoutes(n.Handle(), []int{unix.AF_INET})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,15 +152,15 @@ func runNetlinkSteps(t *testing.T, n testNetwork, changes ipam.NetlinkChanges) {
 	// operation: they are all there, the deadline is a safety net.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var got []ipam.NetlinkChange
+	var got []datapath.NetlinkChange
 	for len(got) < len(want) {
 		changes, err := sub.Receive(ctx)
 		if err != nil {
 			t.Fatalf("notifications so far %v, want %v: %s", got, want, err)
 		}
 		// Link notifications differ by link type (a veth sends more).
-		got = append(got, slices.DeleteFunc(changes, func(c ipam.NetlinkChange) bool {
-			return c == ipam.LinkChanged || c == ipam.LinkDeleted
+		got = append(got, slices.DeleteFunc(changes, func(c datapath.NetlinkChange) bool {
+			return c == datapath.LinkChanged || c == datapath.LinkDeleted
 		})...)
 	}
 	if !slices.Equal(got, want) {
@@ -185,7 +185,7 @@ func TestFakeNetlinkSemantics(t *testing.T) {
 
 func TestPrivilegedFakeNetlinkMatchesKernel(t *testing.T) {
 	n := newTestNetNS(t, false)
-	runNetlinkSteps(t, n, ipam.KernelChanges(&n.NS))
+	runNetlinkSteps(t, n, datapath.KernelChanges(&n.NS))
 }
 
 // Deleting a link deletes its routes, and the subscription hears of it.
@@ -202,12 +202,12 @@ func TestFakeNetlinkLinkDeleteTakesRoutes(t *testing.T) {
 	if err := n.DelLink("eni1"); err != nil {
 		t.Fatal(err)
 	}
-	routes, err := ipam.ListRoutes(n.Handle(), []int{unix.AF_INET})
+	routes, err := datapath.ListRoutes(n.Handle(), []int{unix.AF_INET})
 	if err != nil || len(routes) != 0 {
 		t.Errorf("routes after the link went: %v %v", routes, err)
 	}
 	got, err := sub.Receive(context.Background())
-	if want := []ipam.NetlinkChange{ipam.RouteAdded, ipam.LinkDeleted}; err != nil || !slices.Equal(got, want) {
+	if want := []datapath.NetlinkChange{datapath.RouteAdded, datapath.LinkDeleted}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("notifications %v %v, want %v", got, err, want)
 	}
 	if err := n.DelLink("eni1"); errnoOf(err) != unix.ENODEV {

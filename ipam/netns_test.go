@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/enimasq/enimasq/cells/celltest"
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // sampleLinks are links with the MACs of the sample CiliumNode's ENIs.
@@ -78,12 +78,12 @@ func (n *testNetNS) AddLink(name, mac string) error {
 	return n.H.LinkSetUp(link)
 }
 
-func (n *testNetNS) Handle() ipam.Netlink { return n.H }
+func (n *testNetNS) Handle() datapath.Netlink { return n.H }
 
 // Target programs the namespace through nl and listens to the kernel's
 // notifications in it.
-func (n *testNetNS) Target(nl ipam.Netlink) *ipam.NetlinkTarget {
-	return &ipam.NetlinkTarget{Handle: nl, NS: &n.NS}
+func (n *testNetNS) Target(nl datapath.Netlink) *datapath.NetlinkTarget {
+	return &datapath.NetlinkTarget{Handle: nl, NS: &n.NS}
 }
 
 func (n *testNetNS) DelLink(name string) error {
@@ -96,7 +96,7 @@ func (n *testNetNS) DelLink(name string) error {
 
 // countingNetlink counts the rule and route operations (once they return).
 type countingNetlink struct {
-	ipam.Netlink
+	datapath.Netlink
 	ruleAdds, ruleDels, routeReplaces, routeDels atomic.Int64
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipam/netlinkfake"
 	"github.com/enimasq/enimasq/ipmasq"
 )
@@ -28,10 +29,10 @@ import (
 // (fakeNetwork). The same scripts and raw commands run on both.
 type testNetwork interface {
 	// Handle acts on the network directly, behind the agent's back.
-	Handle() ipam.Netlink
+	Handle() datapath.Netlink
 	// Target makes the agent program the network through nl (Handle, or
 	// a wrapper of it) and listen to its notifications.
-	Target(nl ipam.Netlink) *ipam.NetlinkTarget
+	Target(nl datapath.Netlink) *datapath.NetlinkTarget
 	AddLink(name, mac string) error
 	DelLink(name string) error
 }
@@ -56,10 +57,10 @@ func newFakeNetwork(t testing.TB, bare bool) fakeNetwork {
 	return n
 }
 
-func (n fakeNetwork) Handle() ipam.Netlink { return n.Netlink }
+func (n fakeNetwork) Handle() datapath.Netlink { return n.Netlink }
 
-func (n fakeNetwork) Target(nl ipam.Netlink) *ipam.NetlinkTarget {
-	return &ipam.NetlinkTarget{Handle: nl, Changes: n.Netlink}
+func (n fakeNetwork) Target(nl datapath.Netlink) *datapath.NetlinkTarget {
+	return &datapath.NetlinkTarget{Handle: nl, Changes: n.Netlink}
 }
 
 func (n fakeNetwork) AddLink(name, mac string) error {
@@ -73,7 +74,7 @@ func (n fakeNetwork) AddLink(name, mac string) error {
 // allRules lists every IPv4 rule between priorities 1 and 32765 (the
 // kernel's own are left out), any protocol, in list order:
 // "111: from 10.130.100.133 to 10.0.0.0/8 lookup 11 proto 237".
-func allRules(nl ipam.Netlink) (string, error) {
+func allRules(nl datapath.Netlink) (string, error) {
 	rules, err := nl.RuleList(unix.AF_INET)
 	if err != nil {
 		return "", err
@@ -140,7 +141,7 @@ func rawRule(args []string) (*netlink.Rule, error) {
 
 // rawRoute parses "TABLE DST GW DEV PROTO" (DST: a CIDR or "default") into
 // an onlink route via GW on the link DEV.
-func rawRoute(h ipam.Netlink, args []string) (*netlink.Route, error) {
+func rawRoute(h datapath.Netlink, args []string) (*netlink.Route, error) {
 	table, err := strconv.Atoi(args[0])
 	if err != nil {
 		return nil, err
@@ -224,13 +225,13 @@ func rawCommands(n testNetwork) cell.Cell {
 
 // testCells are the cells under test: the ip-masq-agent, the IPAM working in
 // the network through nl, and the raw commands.
-func testCells(n testNetwork, nl ipam.Netlink) []cell.Cell {
+func testCells(n testNetwork, nl datapath.Netlink) []cell.Cell {
 	return []cell.Cell{
 		ipmasq.Cell,
 		ipam.Cell,
 		// node-ips without its netlink watcher: the rows are ipam's.
 		cell.Provide(nodeips.NewTable, statedb.RWTable[*nodeips.NodeIP].ToTable),
-		cell.Provide(func() *ipam.NetlinkTarget { return n.Target(nl) }),
+		cell.Provide(func() *datapath.NetlinkTarget { return n.Target(nl) }),
 		rawCommands(n),
 	}
 }

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/cilium/statedb"
+	"github.com/enimasq/enimasq/ipam/allocations"
+	"github.com/enimasq/enimasq/ipam/datapath"
 	"golang.org/x/sys/unix"
-
-	"github.com/enimasq/enimasq/ipam"
 )
 
 // Adding a non-masquerade CIDR under running pods adds exactly one rule per
@@ -25,8 +25,8 @@ func TestPrivilegedConfigChangeTouchesOnlyItsRules(t *testing.T) {
 	dir := newWorkDir(t)
 	a := threePodAgent(t, n, nl, dir)
 
-	revisions := func() map[ipam.RuleKey]statedb.Revision {
-		m := map[ipam.RuleKey]statedb.Revision{}
+	revisions := func() map[datapath.RuleKey]statedb.Revision {
+		m := map[datapath.RuleKey]statedb.Revision{}
 		for r, rev := range a.rules.All(a.db.ReadTxn()) {
 			m[r.RuleKey] = rev
 		}
@@ -125,13 +125,13 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 	c := startAgent(t, n, n.H, dir)
 	c.waitKernel(kernelRules(sampleCIDRs, threePods[:2]...))
 	c.waitFor("10.130.112.20 reported orphaned", func() (bool, string) {
-		al, _, _ := c.allocs.Get(c.db.ReadTxn(), ipam.AllocationIPIndex.Query(netip.MustParseAddr("10.130.112.20")))
-		return al != nil && al.State == ipam.StateOrphaned, fmt.Sprintf("%+v", al)
+		al, _, _ := c.allocs.Get(c.db.ReadTxn(), allocations.AllocationIPIndex.Query(netip.MustParseAddr("10.130.112.20")))
+		return al != nil && al.State == allocations.StateOrphaned, fmt.Sprintf("%+v", al)
 	})
 	// ENI 2's routes go once its last pod's rows are deleted: the deletes
 	// are reconciled after the rules converged, so wait for them too.
 	c.waitFor("ENI 2's routes removed", func() (bool, string) {
-		routes, err := ipam.KernelRoutes(n.H, []int{unix.AF_INET})
+		routes, err := datapath.KernelRoutes(n.H, []int{unix.AF_INET})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -181,7 +181,7 @@ func TestPrivilegedRestartWithoutCiliumNodeKeepsRules(t *testing.T) {
 	// Nothing announces "the agent would have pruned by now": watch the
 	// kernel across twenty refresh periods.
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		got, err := ipam.KernelRules(n.H, []int{unix.AF_INET})
+		got, err := datapath.KernelRules(n.H, []int{unix.AF_INET})
 		if err != nil {
 			t.Fatal(err)
 		}

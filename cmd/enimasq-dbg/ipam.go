@@ -15,9 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/enimasq/enimasq/ipam/allocations"
+	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/spf13/cobra"
-
-	"github.com/enimasq/enimasq/ipam"
 )
 
 // apiDo sends a request with a JSON body to the agent API and decodes a
@@ -64,7 +64,7 @@ func apiDo(o *options, method, path string, body, out any, timeout time.Duration
 		return err
 	}
 	if resp.StatusCode >= 300 {
-		var e ipam.APIError
+		var e allocator.APIError
 		if json.Unmarshal(data, &e) != nil || e.Message == "" {
 			if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
 				return fmt.Errorf("agent answered %d to %s %s: is ENI IPAM in this agent? (%s)", resp.StatusCode, method, path, strings.TrimSpace(string(data)))
@@ -83,7 +83,7 @@ func apiDo(o *options, method, path string, body, out any, timeout time.Duration
 
 type ipamError struct {
 	code int
-	ipam.APIError
+	allocator.APIError
 }
 
 func (e *ipamError) Error() string {
@@ -119,9 +119,9 @@ func ipamCommand(o *options) *cobra.Command {
 			if wait {
 				path += "?wait=true"
 			}
-			var result ipam.AllocationResult
-			err := apiDo(o, http.MethodPost, path, ipam.Request{Owner: owner, Family: family, IP: ip}, &result,
-				ipam.WaitTimeout+10*time.Second)
+			var result allocator.AllocationResult
+			err := apiDo(o, http.MethodPost, path, allocator.Request{Owner: owner, Family: family, IP: ip}, &result,
+				allocator.WaitTimeout+10*time.Second)
 			var ie *ipamError
 			if errors.As(err, &ie) && ie.Result != nil {
 				printJSON(cmd.OutOrStdout(), ie.Result)
@@ -148,7 +148,7 @@ func ipamCommand(o *options) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%q is not an IP address", args[0])
 			}
-			var info ipam.AllocationInfo
+			var info allocator.AllocationInfo
 			if err := apiDo(o, http.MethodDelete, "/v1/ipam/"+url.PathEscape(addr.String()), nil, &info, 10*time.Second); err != nil {
 				return err
 			}
@@ -162,7 +162,7 @@ func ipamCommand(o *options) *cobra.Command {
 		Short: "List the allocations, one a line: IP, owner, attachment (container ID/ifname, - for none), ENI (and the state when it is not Allocated)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var infos []ipam.AllocationInfo
+			var infos []allocator.AllocationInfo
 			if err := apiDo(o, http.MethodGet, "/v1/ipam", nil, &infos, 10*time.Second); err != nil {
 				return err
 			}
@@ -173,7 +173,7 @@ func ipamCommand(o *options) *cobra.Command {
 					eni = "-"
 				}
 				line := a.IP + "\t" + a.Owner + "\t" + a.Attachment().String() + "\t" + eni
-				if a.State != string(ipam.StateAllocated) {
+				if a.State != string(allocations.StateAllocated) {
 					line += "\t" + a.State
 					if a.Reason != "" {
 						line += ": " + a.Reason

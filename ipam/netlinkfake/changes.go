@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // fakeSubscription is a subscription to a Netlink's changes: an
@@ -17,7 +17,7 @@ type fakeSubscription struct {
 	routes   bool
 
 	mu      sync.Mutex
-	pending []ipam.NetlinkChange
+	pending []datapath.NetlinkChange
 	closed  bool
 	wake    chan struct{} // one signal covers every queued change
 }
@@ -26,7 +26,7 @@ var errSubscriptionClosed = errors.New("fake netlink: subscription closed")
 
 // SubscribeChanges subscribes to the changes of the rules of families and,
 // with routes, of their routes and of links.
-func (f *Netlink) SubscribeChanges(families []int, routes bool) (ipam.NetlinkSubscription, error) {
+func (f *Netlink) SubscribeChanges(families []int, routes bool) (datapath.NetlinkSubscription, error) {
 	s := &fakeSubscription{f: f, families: slices.Clone(families), routes: routes, wake: make(chan struct{}, 1)}
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
@@ -36,11 +36,11 @@ func (f *Netlink) SubscribeChanges(families []int, routes bool) (ipam.NetlinkSub
 
 // wants says whether the subscription's groups include the change (a
 // family of 0: a link's).
-func (s *fakeSubscription) wants(c ipam.NetlinkChange, family int) bool {
+func (s *fakeSubscription) wants(c datapath.NetlinkChange, family int) bool {
 	switch c {
-	case ipam.RuleAdded, ipam.RuleDeleted:
+	case datapath.RuleAdded, datapath.RuleDeleted:
 		return slices.Contains(s.families, family)
-	case ipam.RouteAdded, ipam.RouteDeleted:
+	case datapath.RouteAdded, datapath.RouteDeleted:
 		return s.routes && slices.Contains(s.families, family)
 	default:
 		return s.routes
@@ -49,7 +49,7 @@ func (s *fakeSubscription) wants(c ipam.NetlinkChange, family int) bool {
 
 // emit delivers a change to the subscriptions that want it; f.mu is held,
 // so every subscription sees the changes in the order they were made.
-func (f *Netlink) emit(c ipam.NetlinkChange, family int) {
+func (f *Netlink) emit(c datapath.NetlinkChange, family int) {
 	for s := range f.subs {
 		if !s.wants(c, family) {
 			continue
@@ -61,7 +61,7 @@ func (f *Netlink) emit(c ipam.NetlinkChange, family int) {
 	}
 }
 
-func (s *fakeSubscription) Receive(ctx context.Context) ([]ipam.NetlinkChange, error) {
+func (s *fakeSubscription) Receive(ctx context.Context) ([]datapath.NetlinkChange, error) {
 	for {
 		s.mu.Lock()
 		changes, closed := s.pending, s.closed

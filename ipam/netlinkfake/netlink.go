@@ -9,11 +9,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // Netlink is an in-memory network namespace for tests without root: it
-// implements ipam.Netlink and ipam.NetlinkChanges with the kernel's semantics that
+// implements datapath.Netlink and datapath.NetlinkChanges with the kernel's semantics that
 // the reconcilers and the repair rely on, checked against kernel 6.18:
 //
 //   - ip rules (rules.go): the kernel's default rules; EEXIST on a
@@ -36,7 +36,7 @@ import (
 //   - notifications (changes.go): every successful change is
 //     delivered to the subscriptions of its kind and family, in order;
 //     like the kernel, a deleted link's IPv4 routes go without
-//     ipam.RouteDeleted.
+//     datapath.RouteDeleted.
 //
 // It does not model: addresses and the local and main tables' own routes,
 // rule actions other than lookup, the rule selectors goto, flow, tun_id,
@@ -54,8 +54,8 @@ type Netlink struct {
 }
 
 var (
-	_ ipam.Netlink        = (*Netlink)(nil)
-	_ ipam.NetlinkChanges = (*Netlink)(nil)
+	_ datapath.Netlink        = (*Netlink)(nil)
+	_ datapath.NetlinkChanges = (*Netlink)(nil)
 )
 
 type fakeLink struct {
@@ -77,10 +77,10 @@ func New() *Netlink {
 	return f
 }
 
-// Target is the ipam.NetlinkTarget that makes the ipam cell program f and
+// Target is the datapath.NetlinkTarget that makes the ipam cell program f and
 // listen to f's notifications.
-func (f *Netlink) Target() *ipam.NetlinkTarget {
-	return &ipam.NetlinkTarget{Handle: f, Changes: f}
+func (f *Netlink) Target() *datapath.NetlinkTarget {
+	return &datapath.NetlinkTarget{Handle: f, Changes: f}
 }
 
 // AddLink adds an up link with the name and MAC, as `ip link add` of a
@@ -93,7 +93,7 @@ func (f *Netlink) AddLink(name string, mac net.HardwareAddr) error {
 	}
 	f.links = append(f.links, fakeLink{index: f.nextIndex, name: name, mac: slices.Clone(mac)})
 	f.nextIndex++
-	f.emit(ipam.LinkChanged, 0)
+	f.emit(datapath.LinkChanged, 0)
 	return nil
 }
 
@@ -116,11 +116,11 @@ func (f *Netlink) DelLink(name string) error {
 		}
 		if r.family == unix.AF_INET6 {
 			// The kernel announces these; not the IPv4 ones.
-			f.emit(ipam.RouteDeleted, r.family)
+			f.emit(datapath.RouteDeleted, r.family)
 		}
 		return true
 	})
-	f.emit(ipam.LinkDeleted, 0)
+	f.emit(datapath.LinkDeleted, 0)
 	return nil
 }
 

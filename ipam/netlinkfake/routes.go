@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/cells/prefixorder"
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // fakeRoute is a route as the kernel keeps it; family, table, dst, tos and
@@ -144,7 +144,7 @@ func (f *Netlink) RouteReplace(r *netlink.Route) error {
 	} else {
 		f.routes = append(f.routes, q)
 	}
-	f.emit(ipam.RouteAdded, q.family)
+	f.emit(datapath.RouteAdded, q.family)
 	return nil
 }
 
@@ -172,7 +172,7 @@ func (f *Netlink) RouteDel(r *netlink.Route) error {
 		return fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH)
 	}
 	f.routes = slices.Delete(f.routes, i, i+1)
-	f.emit(ipam.RouteDeleted, q.family)
+	f.emit(datapath.RouteDeleted, q.family)
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // fakeRule is a rule as the kernel keeps it (the selectors Netlink
@@ -153,7 +153,7 @@ func (f *Netlink) RuleAdd(r *netlink.Rule) error {
 		}
 	}
 	f.rules = slices.Insert(f.rules, at, q)
-	f.emit(ipam.RuleAdded, q.family)
+	f.emit(datapath.RuleAdded, q.family)
 	return nil
 }
 
@@ -169,7 +169,7 @@ func (f *Netlink) RuleDel(r *netlink.Rule) error {
 		return fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT)
 	}
 	f.rules = slices.Delete(f.rules, i, i+1)
-	f.emit(ipam.RuleDeleted, q.family)
+	f.emit(datapath.RuleDeleted, q.family)
 	return nil
 }
 

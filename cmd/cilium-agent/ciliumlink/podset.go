@@ -20,7 +20,7 @@ import (
 	"github.com/cilium/cilium/pkg/option"
 	"github.com/cilium/cilium/pkg/promise"
 
-	"github.com/enimasq/enimasq/ipam"
+	"github.com/enimasq/enimasq/ipam/podset"
 )
 
 // The pod set of the Cilium build: the IPs whose ENI egress rules enimasq
@@ -113,7 +113,7 @@ type podSetParams struct {
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
-	External  *ipam.ExternalAllocations `optional:"true"`
+	External  *podset.Writer `optional:"true"`
 	Endpoints endpointmanager.EndpointManager
 	Restorer  promise.Promise[endpointstate.Restorer]
 	LocalNode statedb.Table[*node.LocalNode]
@@ -205,7 +205,7 @@ func (ps *podSet) run(ctx context.Context, health cell.Health) error {
 // and ingress IPs, by IP (an IP given twice, an endpoint and the node's,
 // is listed once). routerKnown says whether the router IP of every family
 // Cilium runs is.
-func (ps *podSet) collect(local *node.LocalNode) (ips []ipam.ExternalIP, routerKnown bool) {
+func (ps *podSet) collect(local *node.LocalNode) (ips []podset.IP, routerKnown bool) {
 	byIP := map[netip.Addr]string{}
 	var health map[netip.Addr]bool
 	routerKnown = local != nil
@@ -249,8 +249,8 @@ func (ps *podSet) collect(local *node.LocalNode) (ips []ipam.ExternalIP, routerK
 		byIP[e.ip] = owner
 	}
 	for ip, owner := range byIP {
-		ips = append(ips, ipam.ExternalIP{IP: ip, Owner: owner})
+		ips = append(ips, podset.IP{IP: ip, Owner: owner})
 	}
-	slices.SortFunc(ips, func(a, b ipam.ExternalIP) int { return a.IP.Compare(b.IP) })
+	slices.SortFunc(ips, func(a, b podset.IP) int { return a.IP.Compare(b.IP) })
 	return ips, routerKnown
 }
