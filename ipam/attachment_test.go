@@ -123,7 +123,7 @@ func TestAPIInputIsStrict(t *testing.T) {
 	n := newFakeNetwork(t, false)
 	a := startAgent(t, n, n.Handle(), newWorkDir(t))
 	for _, tc := range []struct{ body, message string }{
-		{`{"owner": "shop/a", "owner": "shop/b"}`, `duplicate field "owner"`},
+		{`{"owner": "shop/a", "owner": "shop/b"}`, "field owner is given twice"},
 		{`{"owner": "Shop/a"}`, `namespace "Shop"`},
 		{`{"owner": "shop/A_b"}`, `pod name "A_b"`},
 		{`{"owner": "shop/` + strings.Repeat("a", 254) + `"}`, "must be no more than 253 characters"},
@@ -139,7 +139,7 @@ func TestAPIInputIsStrict(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 naming %q", tc.body, code, body, tc.message)
 		}
 	}
-	if code, body := a.do("POST", "/v1/ipam/gc", `{"validAttachments": [], "validAttachments": []}`); code != 400 || !strings.Contains(body, "duplicate field") {
+	if code, body := a.do("POST", "/v1/ipam/gc", `{"validAttachments": [], "validAttachments": []}`); code != 400 || !strings.Contains(body, "field validAttachments is given twice") {
 		t.Errorf("GC with a duplicate field: %d %s", code, body)
 	}
 }

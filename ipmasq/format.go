@@ -13,7 +13,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/errtext"
 	"github.com/enimasq/enimasq/cells/prefixorder"
-	"github.com/enimasq/enimasq/cells/strictyaml"
+	"github.com/enimasq/enimasq/cells/strictdecode"
 )
 
 // File is the ip-masq-agent config file, YAML or JSON:
@@ -97,23 +97,43 @@ func decode(data []byte) (File, []string, error) {
 	return decodeFull(data)
 }
 
-// decodeFull is decode by the YAML decoder, for any input.
+// decodeFull is decode by the strict decoder, for any input.
 func decodeFull(data []byte) (File, []string, error) {
-	js, err := strictyaml.ToJSON(data)
+	js, err := strictdecode.ToJSON(data)
 	if err != nil {
-		return File{}, nil, fmt.Errorf("not valid YAML or JSON: %w", err)
+		return File{}, nil, fmt.Errorf("%w: %w", strictdecode.ErrSyntax, err)
 	}
+	js, warnings, err := foldFieldNames(js)
+	if err != nil {
+		return File{}, nil, err
+	}
+	var f File
+	if errs := fileDecoder.Fields(nil, js, &f); len(errs) > 0 {
+		return File{}, nil, strictdecode.Format(errs)
+	}
+	return f, warnings, nil
+}
+
+// fileDecoder decodes the file strictly; the errors of a value of the wrong
+// type say what its fields hold.
+var fileDecoder = strictdecode.Decoder{Holds: map[string]string{
+	"nonMasqueradeCIDRs": "a list of CIDR strings",
+	"resyncInterval":     "a duration string",
+	"cidrLimit":          "a whole number",
+}}
+
+// foldFieldNames renames the top-level fields of js that match a field of
+// File regardless of case to its name, with a warning for each; a field
+// given twice so is an error.
+func foldFieldNames(js []byte) ([]byte, []string, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(js, &fields); err != nil {
-		return File{}, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), errtext.Value(js))
+		return nil, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), errtext.Value(js))
 	}
-	var (
-		f        File
-		warnings []string
-		seen     = map[string]string{}
-	)
+	var warnings []string
+	seen := map[string]string{}
+	folded := make(map[string]json.RawMessage, len(fields))
 	for _, given := range slices.Sorted(maps.Keys(fields)) {
-		raw := fields[given]
 		name := given
 		for _, known := range fileFields {
 			if strings.EqualFold(given, known) {
@@ -121,40 +141,19 @@ func decodeFull(data []byte) (File, []string, error) {
 			}
 		}
 		if other, dup := seen[name]; dup {
-			return File{}, nil, fmt.Errorf("field %s is given twice (%q and %q)", name, other, given)
+			return nil, nil, fmt.Errorf("field %s is given twice (%q and %q)", name, other, given)
 		}
 		seen[name] = given
 		if name != given {
 			warnings = append(warnings, fmt.Sprintf("field %q is read as %s (field names are matched regardless of case, as Cilium does)", given, name))
 		}
-		var dst any
-		switch name {
-		case "nonMasqueradeCIDRs":
-			dst = &f.NonMasqueradeCIDRs
-		case "masqLinkLocal":
-			dst = &f.MasqLinkLocal
-		case "masqLinkLocalIPv6":
-			dst = &f.MasqLinkLocalIPv6
-		case "resyncInterval":
-			dst = &f.ResyncInterval
-		case "cidrLimit":
-			dst = &f.CIDRLimit
-		default:
-			return File{}, nil, fmt.Errorf("unknown field %q (known: %s)", name, strings.Join(fileFields, ", "))
-		}
-		if err := json.Unmarshal(raw, dst); err != nil {
-			want := map[string]string{
-				"nonMasqueradeCIDRs": "a list of CIDR strings",
-				"resyncInterval":     "a duration string",
-				"cidrLimit":          "a whole number",
-			}[name]
-			if want == "" {
-				want = "a boolean"
-			}
-			return File{}, nil, fmt.Errorf("field %s: value %s is not %s", name, errtext.Value(raw), want)
-		}
+		folded[name] = fields[given]
 	}
-	return f, warnings, nil
+	if len(warnings) == 0 {
+		return js, nil, nil
+	}
+	out, err := json.Marshal(folded)
+	return out, warnings, err
 }
 
 // validate checks every CIDR of a decoded file.

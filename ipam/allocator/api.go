@@ -13,10 +13,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/strictdecode"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-
-	sigsjson "sigs.k8s.io/json"
 )
 
 // APIPatterns are the agent API patterns (net/http ServeMux) the API is
@@ -185,11 +184,7 @@ func decodeBody(r *http.Request, v any, want string) error {
 	if len(data) > maxBody {
 		return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBody)
 	}
-	strict, err := sigsjson.UnmarshalStrict(data, v, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
-	if err == nil {
-		err = errors.Join(strict...)
-	}
-	if err != nil {
+	if err := (strictdecode.Decoder{}).DecodeJSON(data, v); err != nil {
 		return fmt.Errorf("%w: body: want %s: %w", ErrInvalidRequest, want, err)
 	}
 	return nil

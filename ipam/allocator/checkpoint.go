@@ -13,8 +13,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/enimasq/enimasq/cells/strictdecode"
 	"github.com/enimasq/enimasq/ipam/allocations"
-	sigsjson "sigs.k8s.io/json"
 )
 
 // CheckpointFile is the name of the allocations checkpoint in the state dir.
@@ -89,11 +89,7 @@ func ReadCheckpoint(path string) ([]CheckpointEntry, error) {
 	// second value's allocations would be dropped and their IPs handed
 	// out again).
 	var c checkpoint
-	strict, err := sigsjson.UnmarshalStrict(data, &c, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
-	if err == nil {
-		err = errors.Join(strict...)
-	}
-	if err != nil {
+	if err := (strictdecode.Decoder{}).DecodeJSON(data, &c); err != nil {
 		return nil, fmt.Errorf("%s: not an allocations checkpoint: %w", path, err)
 	}
 	switch c.Version {

@@ -116,8 +116,8 @@ func TestCheckpointVersion1IsMigrated(t *testing.T) {
 func TestCheckpointIsStrict(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFile)
 	for _, tc := range []struct{ name, data, want string }{
-		{"trailing value", `{"version":2,"allocations":[]} {"version":2,"allocations":[{"ip":"10.0.1.5","owner":"shop/a"}]}`, "after top-level value"},
-		{"duplicate field", `{"version":2,"allocations":[],"allocations":[]}`, "duplicate field"},
+		{"trailing value", `{"version":2,"allocations":[]} {"version":2,"allocations":[{"ip":"10.0.1.5","owner":"shop/a"}]}`, "data after the first value"},
+		{"duplicate field", `{"version":2,"allocations":[],"allocations":[]}`, "field allocations is given twice"},
 		{"unknown field", `{"version":2,"allocations":[],"allocs":[]}`, "unknown field"},
 	} {
 		if err := os.WriteFile(path, []byte(tc.data), 0o600); err != nil {

@@ -2,17 +2,15 @@ package ciliumnode
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strings"
 
-	sigsjson "sigs.k8s.io/json"
-
-	"github.com/enimasq/enimasq/cells/strictyaml"
+	"github.com/enimasq/enimasq/cells/strictdecode"
 )
 
 // MaxENINumber keeps the ENI route table (10+number) below the kernel's
@@ -76,7 +74,10 @@ func parseCiliumNode(data []byte) (*CiliumNode, error) {
 		return nil, fmt.Errorf("file is larger than %d bytes", MaxCiliumNodeSize)
 	}
 	var f ciliumNodeObject
-	if err := decodeStrict(data, &f); err != nil {
+	if err := (strictdecode.Decoder{}).Decode(data, &f); err != nil {
+		if errors.Is(err, strictdecode.ErrSyntax) {
+			return nil, fmt.Errorf("not a CiliumNode: %w", err)
+		}
 		return nil, err
 	}
 	if f.Kind != "" && f.Kind != "CiliumNode" {
@@ -293,36 +294,4 @@ func parseENI(field, key string, st eniStatus) (*ENI, []string, error) {
 		}
 	}
 	return e, warnings, nil
-}
-
-// yamlDuplicate is how sigs.k8s.io/yaml reports a key given twice.
-var yamlDuplicate = regexp.MustCompile(`line (\d+): key (".*") already set in map`)
-
-// decodeStrict decodes YAML or JSON into v, as strictly as the API
-// server's strict field validation: a key given twice and a field v does
-// not have are errors that name them.
-func decodeStrict(data []byte, v any) error {
-	js, err := strictyaml.ToJSON(data)
-	if err != nil {
-		if m := yamlDuplicate.FindAllStringSubmatch(err.Error(), -1); m != nil {
-			dups := make([]string, len(m))
-			for i, d := range m {
-				dups[i] = fmt.Sprintf("%s at line %s", d[2], d[1])
-			}
-			return fmt.Errorf("duplicate key %s: a key may be given once", strings.Join(dups, ", "))
-		}
-		return fmt.Errorf("not a CiliumNode: %w", err)
-	}
-	strict, err := sigsjson.UnmarshalStrict(js, v, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
-	if err != nil {
-		return fmt.Errorf("not a CiliumNode: %w", err)
-	}
-	if len(strict) > 0 {
-		msgs := make([]string, len(strict))
-		for i, e := range strict {
-			msgs[i] = e.Error()
-		}
-		return fmt.Errorf("%s (fields of cilium.io/v2 CiliumNode as of Cilium v1.20)", strings.Join(msgs, ", "))
-	}
-	return nil
 }

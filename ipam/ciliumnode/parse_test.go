@@ -308,9 +308,9 @@ func TestParseCiliumNodeStrict(t *testing.T) {
 		{"json duplicate", `{"spec": {}, "spec": {}}`, `duplicate key "spec" at line 1`},
 		{"second document", minimalNode + "---\n" + minimalNode, "a second document at line 10"},
 		{"two JSON values", `{"spec": {}} {"spec": {"ipam": {"pool": {"10.0.1.9": {"resource": "eni-1"}}}}}`, "data after the first value"},
-		{"unknown field", strings.Replace(minimalNode, "number: 0", "number: 0, nunber: 1", 1), `unknown field "status.eni.enis.eni-1.nunber"`},
+		{"unknown field", strings.Replace(minimalNode, "number: 0", "number: 0, nunber: 1", 1), `field status.eni.enis.eni-1.nunber: unknown field "nunber"`},
 		{"unknown top level", minimalNode + "statos: {}\n", `unknown field "statos"`},
-		{"unknown metadata", "metadata: {name: node-1, nmae: node-2}\n" + minimalNode, `unknown field "metadata.nmae"`},
+		{"unknown metadata", "metadata: {name: node-1, nmae: node-2}\n" + minimalNode, `field metadata.nmae: unknown field "nmae"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseCiliumNode("node.yaml", []byte(tc.in))

@@ -12,7 +12,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/errtext"
-	"github.com/enimasq/enimasq/cells/strictyaml"
+	"github.com/enimasq/enimasq/cells/strictdecode"
 )
 
 // The API group and kinds the parser accepts.
@@ -65,7 +65,7 @@ func ParsePolicyEndpoints(path string, data []byte) ([]*PolicyEndpoint, error) {
 		if len(docs) > 1 {
 			where = fmt.Sprintf("%s: document %d", path, i+1)
 		}
-		js, err := strictyaml.ToJSON(doc)
+		js, err := strictdecode.ToJSON(doc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: not valid YAML or JSON: %w", where, err)
 		}
@@ -102,8 +102,8 @@ func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
 		return []*PolicyEndpoint{pe}, err
 	case listKind, policyEndpointListKind:
 		var list policyEndpointList
-		if errs := decode(nil, js, &list); len(errs) > 0 {
-			return nil, formatErrors(errs)
+		if errs := policyDecoder.Fields(nil, js, &list); len(errs) > 0 {
+			return nil, strictdecode.Format(errs)
 		}
 		out := make([]*PolicyEndpoint, 0, len(list.Items))
 		for i, item := range list.Items {
@@ -117,9 +117,9 @@ func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
 	}
 	const kinds = PolicyEndpointKind + ", " + policyEndpointListKind + " or " + listKind
 	if head.Kind == nil || head.Kind == "" {
-		return nil, formatErrors(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)})
+		return nil, strictdecode.Format(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)})
 	}
-	return nil, formatErrors(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)})
+	return nil, strictdecode.Format(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)})
 }
 
 // parseObject decodes and validates one PolicyEndpoint object at base (the
@@ -127,20 +127,20 @@ func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
 // kind, metadata) name the object.
 func parseObject(file string, base *field.Path, js []byte) (*PolicyEndpoint, error) {
 	var obj policyEndpointObject
-	errs := decode(base, js, &obj)
+	errs := policyDecoder.Fields(base, js, &obj)
 	v := &validator{pe: &PolicyEndpoint{File: file}}
 	if v.header(base, &obj); len(v.errs) > 0 {
 		if len(errs) == 0 {
 			errs = v.errs
 		}
-		return nil, formatErrors(errs)
+		return nil, strictdecode.Format(errs)
 	}
 	if len(errs) == 0 {
 		v.spec(base.Child("spec"), obj.Spec)
 		errs = v.errs
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("%s: %w", v.pe.Key(), formatErrors(errs))
+		return nil, fmt.Errorf("%s: %w", v.pe.Key(), strictdecode.Format(errs))
 	}
 	return v.pe, nil
 }
@@ -403,3 +403,10 @@ func (v *validator) portNumber(path *field.Path, n int64) uint16 {
 	}
 	return uint16(n)
 }
+
+// policyDecoder decodes PolicyEndpoints strictly; the errors of a value of
+// the wrong type say what these fields hold.
+var policyDecoder = strictdecode.Decoder{Holds: map[string]string{
+	"podIsolation": "a list of policy types (Ingress, Egress)",
+	"except":       "a list of CIDRs",
+}}

@@ -1,4 +1,4 @@
-package strictyaml
+package strictdecode
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package strictyaml
+package strictdecode
 
 import (
 	"strings"
@@ -21,7 +21,7 @@ func TestToJSON(t *testing.T) {
 		{"a: 1\n---\nb: 2\n", "", "a second document at line 2"},
 		{`{"a":1} {"b":2}`, "", "data after the first value"},
 		{"{\"a\":1}\n{\"b\":2}\n", "", "data after the first value"},
-		{"a: 1\na: 2\n", "", `key "a" already set`},
+		{"a: 1\na: 2\n", "", `duplicate key "a" at line 2`},
 		{"{\"a\": 1} # a comment\n", `{"a":1}`, ""},
 		{"---\na: 1\n", `{"a":1}`, ""},
 		{"{a: 1} {b: 2}", "", "data after the first value"},

@@ -1,4 +1,4 @@
-package netpolicy
+package strictdecode
 
 import (
 	"bytes"
@@ -16,14 +16,14 @@ import (
 	"github.com/enimasq/enimasq/cells/errtext"
 )
 
-// Strict decoding of JSON into the types of types.go, with errors that
-// name the field path (spec.egress[1].except[0]) and the value. YAML is
-// turned into JSON first (sigs.k8s.io/yaml, which refuses duplicate keys).
+// The field level: JSON into Go types, with errors that name the field path
+// (spec.egress[1].except[0]) and the value.
 
-// decode reads js into v (a pointer to a type of types.go) the way the API
-// server does: field names are case-sensitive, and a duplicate or unknown
-// field is an error. base is js's path in the file.
-func decode(base *field.Path, js []byte, v any) field.ErrorList {
+// Fields reads js into v (a pointer to a type with json tags) the way the
+// API server does: field names are case-sensitive, and a duplicate or
+// unknown field, or a value of the wrong type, is an error. base is js's
+// path in its input (nil at the top).
+func (d Decoder) Fields(base *field.Path, js []byte, v any) field.ErrorList {
 	strict, err := kjson.UnmarshalStrict(js, v)
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -31,9 +31,9 @@ func decode(base *field.Path, js []byte, v any) field.ErrorList {
 		path, start := locate(json.NewDecoder(bytes.NewReader(js)), js, base, typeErr.Offset)
 		var raw json.RawMessage
 		_ = json.NewDecoder(bytes.NewReader(js[start:])).Decode(&raw)
-		return field.ErrorList{field.TypeInvalid(path, raw, "is not "+describe(path, typeErr.Type))}
-	case err != nil: // not expected: js is JSON, and no type of types.go has an UnmarshalJSON that fails
-		return field.ErrorList{field.InternalError(base, err)}
+		return field.ErrorList{field.TypeInvalid(path, raw, "is not "+d.describe(path, typeErr.Type))}
+	case err != nil: // a type's own UnmarshalJSON failed, or js is not JSON
+		return field.ErrorList{&field.Error{Type: field.ErrorTypeInternal, Field: base.String(), Detail: err.Error()}}
 	}
 	var errs field.ErrorList
 	for _, e := range strict {
@@ -80,13 +80,27 @@ func locate(dec *json.Decoder, js []byte, path *field.Path, offset int64) (*fiel
 }
 
 // describe says what a field holds, for a value of the wrong type.
-func describe(path *field.Path, t reflect.Type) string {
+func (d Decoder) describe(path *field.Path, t reflect.Type) string {
 	p := path.String()
-	if d, ok := map[string]string{"podIsolation": "a list of policy types (Ingress, Egress)", "except": "a list of CIDRs"}[p[strings.LastIndexByte(p, '.')+1:]]; ok {
-		return d
+	name := p[strings.LastIndexByte(p, '.')+1:]
+	if h, ok := d.Holds[name]; ok {
+		return h
 	}
-	if d, ok := map[reflect.Kind]string{reflect.String: "a string", reflect.Int64: "an integer", reflect.Slice: "a list"}[t.Kind()]; ok {
-		return d
+	if base, _, ok := strings.Cut(name, "["); ok && d.Holds[base] != "" {
+		return d.Holds[base] // an item of the field
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "a list"
 	}
 	return "a mapping"
 }
@@ -95,8 +109,8 @@ func describe(path *field.Path, t reflect.Type) string {
 var fieldSep = regexp.MustCompile(`^(\[[0-9]+\])*\.`)
 
 // unknownField splits the path of an unknown field in struct t (a path of
-// known struct fields and list indices, then the name, which may hold dots)
-// into the fields of the struct that holds it and its name.
+// known struct fields, list indices and map keys, then the name, which may
+// hold dots) into the fields of the struct that holds it and its name.
 func unknownField(t reflect.Type, path string) (known []string, name string) {
 	for {
 		var next reflect.Type
@@ -104,10 +118,21 @@ func unknownField(t reflect.Type, path string) (known []string, name string) {
 		known = known[:0]
 		for _, f := range reflect.VisibleFields(t) {
 			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if tag == "" || tag == "-" {
+				continue
+			}
 			known = append(known, tag)
 			sep := fieldSep.FindString(strings.TrimPrefix(path, tag))
-			if strings.HasPrefix(path, tag) && sep != "" && elem(f.Type).Kind() == reflect.Struct {
-				next, rest = elem(f.Type), path[len(tag)+len(sep):]
+			if !strings.HasPrefix(path, tag) || sep == "" {
+				continue
+			}
+			switch ft := elem(f.Type); {
+			case ft.Kind() == reflect.Struct:
+				next, rest = ft, path[len(tag)+len(sep):]
+			case ft.Kind() == reflect.Map && elem(ft.Elem()).Kind() == reflect.Struct:
+				if r, ok := afterMapKey(elem(ft.Elem()), path[len(tag)+len(sep):]); ok {
+					next, rest = elem(ft.Elem()), r
+				}
 			}
 		}
 		if next == nil {
@@ -115,6 +140,28 @@ func unknownField(t reflect.Type, path string) (known []string, name string) {
 		}
 		t, path = next, rest
 	}
+}
+
+// afterMapKey is path past the map key it starts with (a key may hold
+// dots), the values being of struct t: past the first dot after which a
+// field of t, or a last name, follows.
+func afterMapKey(t reflect.Type, path string) (string, bool) {
+	for i := 0; i < len(path); i++ {
+		if path[i] != '.' {
+			continue
+		}
+		rest := path[i+1:]
+		if !strings.ContainsAny(rest, ".[") {
+			return rest, true
+		}
+		first := rest[:strings.IndexAny(rest, ".[")]
+		for _, f := range reflect.VisibleFields(t) {
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == first {
+				return rest, true
+			}
+		}
+	}
+	return "", false
 }
 
 // elem is the type of the values of t's lists and pointers.
@@ -125,10 +172,10 @@ func elem(t reflect.Type) reflect.Type {
 	return t
 }
 
-// formatErrors writes errs as the docs show them:
+// Format writes errs as the docs show them, joined by "; ":
 //
 //	field spec.egress[1].ports[0].port: value "http" is not an integer
-func formatErrors(errs field.ErrorList) error {
+func Format(errs field.ErrorList) error {
 	msgs := make([]string, len(errs))
 	for i, e := range errs {
 		switch e.Type {
@@ -139,7 +186,7 @@ func formatErrors(errs field.ErrorList) error {
 		case field.ErrorTypeNotSupported:
 			msgs[i] = fmt.Sprintf("field %s: unknown field %q (known: %s)", e.Field, e.BadValue, e.Detail)
 		case field.ErrorTypeInternal, field.ErrorTypeTooMany:
-			msgs[i] = "field " + e.Field + ": " + e.Detail
+			msgs[i] = strings.TrimPrefix("field "+e.Field+": "+e.Detail, "field <nil>: ")
 		default:
 			value := fmt.Sprint(e.BadValue)
 			switch v := e.BadValue.(type) {
@@ -152,28 +199,4 @@ func formatErrors(errs field.ErrorList) error {
 		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
-}
-
-// docMarker is a YAML document marker line and what follows it.
-var docMarker = regexp.MustCompile(`(?m)^---(.*)$`)
-
-// splitDocuments splits a YAML stream at its document markers the way
-// kubectl does: a line that starts with "---" followed by nothing, blanks or
-// a comment. YAML does not allow "---" at the start of a line inside a
-// document, so this is exact. Documents with nothing but blanks and
-// comments are kept (as empty documents) so that numbering follows the file.
-func splitDocuments(data []byte) ([][]byte, error) {
-	var docs [][]byte
-	start := 0
-	for _, m := range docMarker.FindAllSubmatchIndex(data, -1) {
-		if rest := bytes.TrimSpace(data[m[2]:m[3]]); len(rest) > 0 && rest[0] != '#' {
-			return nil, fmt.Errorf("line %d: document marker \"---\" followed by %q: put the document on the next line",
-				bytes.Count(data[:m[0]], []byte("\n"))+1, errtext.Value(rest))
-		}
-		if m[0] > 0 {
-			docs = append(docs, data[start:m[0]])
-		}
-		start = min(m[1]+1, len(data))
-	}
-	return append(docs, data[start:]), nil
 }

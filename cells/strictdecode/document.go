@@ -1,10 +1,6 @@
-// Package strictyaml turns a YAML or JSON input into the JSON of its one
-// document, as sigs.k8s.io/yaml's YAMLToJSONStrict does (a key given twice
-// is refused), and refuses what that function drops without a word: a second
-// document after "---", or anything after the first value ({"a":1} {"b":2}
-// reads as {"a":1}). A file whose second half is ignored would put in force
-// a state nobody wrote.
-package strictyaml
+package strictdecode
+
+// The document level: one YAML or JSON document, each key once, as JSON.
 
 import (
 	"bytes"
@@ -18,13 +14,78 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// ToJSON is YAMLToJSONStrict of data, which must hold one document (a
-// trailing "---" with nothing after it, or a comment, is no document).
+// ToJSON is the JSON of data's one YAML or JSON document (a trailing "---"
+// with nothing after it, or a comment, is no document), as the API server
+// reads YAML (sigs.k8s.io/yaml). A key given twice is an error naming it
+// and its line.
 func ToJSON(data []byte) ([]byte, error) {
 	if err := OneDocument(data); err != nil {
 		return nil, err
 	}
-	return yaml.YAMLToJSONStrict(data)
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		// Name the fault from the document itself, not from the error's
+		// text: a key given twice, found by walking the parsed nodes; else
+		// the parser's own error.
+		if dup := duplicateKey(data); dup != nil {
+			return nil, dup
+		}
+		return nil, err
+	}
+	return js, nil
+}
+
+// duplicateKey returns an error naming the first key given twice in a
+// mapping of data's first document, or nil.
+func duplicateKey(data []byte) error {
+	var doc yamlv3.Node
+	if yamlv3.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	var walk func(n *yamlv3.Node, path string) error
+	walk = func(n *yamlv3.Node, path string) error {
+		if n.Kind == yamlv3.MappingNode {
+			seen := map[string]bool{}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				if k.Kind == yamlv3.ScalarNode {
+					if seen[k.Value] {
+						return fmt.Errorf("duplicate key %q at line %d%s: a key is given once", k.Value, k.Line, where(path))
+					}
+					seen[k.Value] = true
+				}
+				if err := walk(n.Content[i+1], join(path, k.Value)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for i, c := range n.Content {
+			p := path
+			if n.Kind == yamlv3.SequenceNode {
+				p = fmt.Sprintf("%s[%d]", path, i)
+			}
+			if err := walk(c, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(&doc, "")
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func where(path string) string {
+	if path == "" {
+		return ""
+	}
+	return " (in " + path + ")"
 }
 
 // OneDocument says why data does not hold exactly one YAML document, or nil.
