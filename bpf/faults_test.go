@@ -1,4 +1,4 @@
-package bpf
+package bpf_test
 
 import (
 	"bytes"
@@ -6,35 +6,37 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/enimasq/enimasq/bpf"
 )
 
 func TestFaultInjectorFaultFunc(t *testing.T) {
 	ops, v4, _ := newFakeOps()
-	fi := NewFaultInjector[*testEntry](ops)
-	es := v4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32")
+	fi := bpf.NewFaultInjector[*bpf.TestEntry](ops)
+	es := bpf.V4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32")
 	fi.SetFaultFunc(func(mapName string, key []byte) error {
-		if mapName == IPMasqV4MapName && bytes.Equal(key, es[1].MapKey()) {
+		if mapName == bpf.IPMasqV4MapName && bytes.Equal(key, es[1].MapKey()) {
 			return errors.New("key refused by test")
 		}
 		return nil
 	})
 
-	batch := batchOf(es...)
+	batch := bpf.BatchOf(es...)
 	fi.UpdateBatch(context.Background(), nil, batch)
 	if batch[0].Result != nil || batch[2].Result != nil {
 		t.Fatalf("healthy entries failed: %v, %v", batch[0].Result, batch[2].Result)
 	}
 	err := batch[1].Result
-	if !errors.Is(err, ErrInjectedFault) || !strings.Contains(err.Error(), "update cilium_ipmasq_v4 key 10.0.0.2/32: injected fault: key refused by test") {
+	if !errors.Is(err, bpf.ErrInjectedFault) || !strings.Contains(err.Error(), "update cilium_ipmasq_v4 key 10.0.0.2/32: injected fault: key refused by test") {
 		t.Fatalf("faulty entry: %v", err)
 	}
-	if v4.len() != 2 {
-		t.Fatalf("%d entries in map, want 2", v4.len())
+	if v4.Len() != 2 {
+		t.Fatalf("%d entries in map, want 2", v4.Len())
 	}
-	if err := fi.Update(context.Background(), nil, 0, es[1]); !errors.Is(err, ErrInjectedFault) {
+	if err := fi.Update(context.Background(), nil, 0, es[1]); !errors.Is(err, bpf.ErrInjectedFault) {
 		t.Fatalf("Update: %v", err)
 	}
-	if err := fi.Delete(context.Background(), nil, 0, es[1]); !errors.Is(err, ErrInjectedFault) {
+	if err := fi.Delete(context.Background(), nil, 0, es[1]); !errors.Is(err, bpf.ErrInjectedFault) {
 		t.Fatalf("Delete: %v", err)
 	}
 
@@ -42,37 +44,37 @@ func TestFaultInjectorFaultFunc(t *testing.T) {
 	if err := fi.Update(context.Background(), nil, 0, es[1]); err != nil {
 		t.Fatalf("Update after clearing the fault: %v", err)
 	}
-	batch = batchOf(es...)
+	batch = bpf.BatchOf(es...)
 	fi.DeleteBatch(context.Background(), nil, batch)
 	for _, be := range batch {
 		if be.Result != nil {
 			t.Fatalf("DeleteBatch: %v", be.Result)
 		}
 	}
-	if v4.len() != 0 {
-		t.Fatalf("%d entries left", v4.len())
+	if v4.Len() != 0 {
+		t.Fatalf("%d entries left", v4.Len())
 	}
 }
 
 func TestFaultInjectorProbability(t *testing.T) {
 	ops, v4, _ := newFakeOps()
-	fi := NewFaultInjector[*testEntry](ops)
-	es := v4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32", "10.0.0.4/32")
+	fi := bpf.NewFaultInjector[*bpf.TestEntry](ops)
+	es := bpf.V4Entries(t, "10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32", "10.0.0.4/32")
 
 	fi.SetProbability(1)
-	batch := batchOf(es...)
+	batch := bpf.BatchOf(es...)
 	fi.UpdateBatch(context.Background(), nil, batch)
 	for _, be := range batch {
-		if !errors.Is(be.Result, ErrInjectedFault) {
+		if !errors.Is(be.Result, bpf.ErrInjectedFault) {
 			t.Fatalf("probability 1: result %v", be.Result)
 		}
 	}
-	if v4.len() != 0 {
-		t.Fatalf("probability 1 let %d entries through", v4.len())
+	if v4.Len() != 0 {
+		t.Fatalf("probability 1 let %d entries through", v4.Len())
 	}
 
 	fi.SetProbability(0)
-	batch = batchOf(es...)
+	batch = bpf.BatchOf(es...)
 	fi.UpdateBatch(context.Background(), nil, batch)
 	for _, be := range batch {
 		if be.Result != nil {

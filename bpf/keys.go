@@ -32,9 +32,9 @@ func (f Family) String() string {
 // Key sizes in bytes, as the kernel sees them: the u32 prefix length followed
 // by the address.
 const (
-	prefixLenSize = 4
-	KeySizeV4     = prefixLenSize + 4
-	KeySizeV6     = prefixLenSize + 16
+	PrefixLenSize = 4
+	KeySizeV4     = PrefixLenSize + 4
+	KeySizeV6     = PrefixLenSize + 16
 )
 
 // ErrWrongFamily is wrapped by the key constructors when a prefix of one
@@ -157,12 +157,12 @@ func UnmarshalKey(f Family, b []byte) (netip.Prefix, error) {
 		if len(b) != KeySizeV4 {
 			return netip.Prefix{}, fmt.Errorf("IPv4 key %x: %d bytes, want %d", b, len(b), KeySizeV4)
 		}
-		addr = netip.AddrFrom4([4]byte(b[prefixLenSize:]))
+		addr = netip.AddrFrom4([4]byte(b[PrefixLenSize:]))
 	case IPv6:
 		if len(b) != KeySizeV6 {
 			return netip.Prefix{}, fmt.Errorf("IPv6 key %x: %d bytes, want %d", b, len(b), KeySizeV6)
 		}
-		addr = netip.AddrFrom16([16]byte(b[prefixLenSize:]))
+		addr = netip.AddrFrom16([16]byte(b[PrefixLenSize:]))
 	default:
 		return netip.Prefix{}, fmt.Errorf("key %x: unknown family %s", b, f)
 	}
@@ -197,16 +197,16 @@ func describeKey(key []byte) string {
 	return hex.EncodeToString(key)
 }
 
-// canonicalizeLPMKey clears the data bits of an LPM key past its prefix
+// CanonicalizeLPMKey clears the data bits of an LPM key past its prefix
 // length, in place. The kernel ignores those bits when matching, so two keys
 // that differ only there name the same trie node. Works for any LPM key
 // layout (u32 prefix length, then data). A prefix length past the data is
 // left as it is.
-func canonicalizeLPMKey(key []byte) {
-	if len(key) < prefixLenSize {
+func CanonicalizeLPMKey(key []byte) {
+	if len(key) < PrefixLenSize {
 		return
 	}
-	data := key[prefixLenSize:]
+	data := key[PrefixLenSize:]
 	bits := binary.NativeEndian.Uint32(key)
 	if bits >= uint32(len(data))*8 {
 		return

@@ -188,9 +188,9 @@ func TestCanonicalizeLPMKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got := bytes.Clone(tt.in)
-		canonicalizeLPMKey(got)
+		CanonicalizeLPMKey(got)
 		if !bytes.Equal(got, tt.want) {
-			t.Errorf("canonicalizeLPMKey(%x) = %x, want %x", tt.in, got, tt.want)
+			t.Errorf("CanonicalizeLPMKey(%x) = %x, want %x", tt.in, got, tt.want)
 		}
 	}
 }
@@ -229,7 +229,7 @@ func FuzzKeyRoundTrip(f *testing.F) {
 			if p, err := UnmarshalKey(fam, raw); err == nil {
 				b, err := EncodePrefix(p)
 				want := bytes.Clone(raw)
-				canonicalizeLPMKey(want)
+				CanonicalizeLPMKey(want)
 				if err != nil || !bytes.Equal(b, want) {
 					t.Fatalf("UnmarshalKey(%s, %x) = %s re-encodes to %x, %v; want %x", fam, raw, p, b, err, want)
 				}

@@ -98,7 +98,7 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 		log.Warn("Replacing incompatible pinned BPF map; its entries are dropped and reconciled again",
 			"path", path,
 			"pinned", describeMap(old),
-			"wanted", describeSpec(spec),
+			"wanted", DescribeSpec(spec),
 			"reason", err)
 	}
 
@@ -152,7 +152,9 @@ func newUnpinnedMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {
 	return m, nil
 }
 
-func describeSpec(s *ebpf.MapSpec) string {
+// DescribeSpec is how a map of spec is described in logs and errors, as a
+// pinned map's Describe says it.
+func DescribeSpec(s *ebpf.MapSpec) string {
 	return fmt.Sprintf("%s key=%d value=%d max=%d flags=%#x",
 		s.Type, s.KeySize, s.ValueSize, s.MaxEntries, s.Flags)
 }

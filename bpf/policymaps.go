@@ -55,8 +55,8 @@ const (
 	PolicyDefaultMaxEntries = 65536
 
 	// PolicyKeySizeV4 and PolicyKeySizeV6 are {u32 prefixlen; pod; peer}.
-	PolicyKeySizeV4 = prefixLenSize + 4 + 4
-	PolicyKeySizeV6 = prefixLenSize + 16 + 16
+	PolicyKeySizeV4 = PrefixLenSize + 4 + 4
+	PolicyKeySizeV6 = PrefixLenSize + 16 + 16
 
 	// PolicyMaxPortEntries is how many port entries a value holds (as the
 	// AWS network policy agent).
@@ -160,15 +160,15 @@ func UnmarshalPolicyKey(f Family, b []byte) (pod netip.Addr, peer netip.Prefix, 
 	default:
 		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("policy key %x: unknown family %s", b, f)
 	}
-	if len(b) != prefixLenSize+2*addrLen {
-		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: %d bytes, want %d", f, b, len(b), prefixLenSize+2*addrLen)
+	if len(b) != PrefixLenSize+2*addrLen {
+		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: %d bytes, want %d", f, b, len(b), PrefixLenSize+2*addrLen)
 	}
 	bits := int(binary.NativeEndian.Uint32(b))
 	podBits := addrLen * 8
 	if bits < podBits || bits > 2*podBits {
 		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: prefix length %d outside %d..%d", f, b, bits, podBits, 2*podBits)
 	}
-	podBytes, peerBytes := b[prefixLenSize:prefixLenSize+addrLen], b[prefixLenSize+addrLen:]
+	podBytes, peerBytes := b[PrefixLenSize:PrefixLenSize+addrLen], b[PrefixLenSize+addrLen:]
 	pod, _ = netip.AddrFromSlice(podBytes)
 	peerAddr, _ := netip.AddrFromSlice(peerBytes)
 	return pod, netip.PrefixFrom(peerAddr, bits-podBits).Masked(), nil

@@ -40,7 +40,7 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 			continue
 		}
 		scratch = append(scratch[:0], obj.MapKey()...)
-		canonicalizeLPMKey(scratch)
+		CanonicalizeLPMKey(scratch)
 		set[string(scratch)] = struct{}{}
 	}
 
@@ -66,7 +66,7 @@ func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct
 	stale := 0
 	for j := range keys.len() {
 		key := keys.at(j)
-		canonicalizeLPMKey(key)
+		CanonicalizeLPMKey(key)
 		if _, ok := desired[string(key)]; ok {
 			continue
 		}

@@ -260,3 +260,32 @@ func v4Prefixes(start, n int) []netip.Prefix {
 	}
 	return out
 }
+
+// badPrefixLenKey is a v4 key whose prefix length (33) the kernel refuses.
+func badPrefixLenKey() []byte { return kernelKey(33, 10, 9, 9, 9) }
+
+func batchOf(entries ...*testEntry) []reconciler.BatchEntry[*testEntry] {
+	b := make([]reconciler.BatchEntry[*testEntry], len(entries))
+	for i, e := range entries {
+		b[i].Object = e
+	}
+	return b
+}
+
+func v4Entries(tb testing.TB, prefixes ...string) []*testEntry {
+	out := make([]*testEntry, len(prefixes))
+	for i, p := range prefixes {
+		out[i] = newPrefixEntry(tb, netip.MustParsePrefix(p))
+	}
+	return out
+}
+
+func entrySeq(entries ...*testEntry) func(func(*testEntry, statedb.Revision) bool) {
+	return func(yield func(*testEntry, statedb.Revision) bool) {
+		for i, e := range entries {
+			if !yield(e, statedb.Revision(i+1)) {
+				return
+			}
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/bpffake"
 	"github.com/enimasq/enimasq/cells"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipam/datapath"
@@ -47,7 +48,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 			}
 		}),
 		cell.Provide(
-			func() bpf.MapStore { return bpf.NewFakeStore() },
+			func() bpf.MapStore { return bpffake.NewFakeStore() },
 			func() *datapath.NetlinkTarget { return netlinkfake.New().Target() },
 		),
 		cells.Features,

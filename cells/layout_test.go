@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +19,12 @@ const module = "github.com/enimasq/enimasq/"
 // may use of another: the row type of a table it reads.
 var (
 	features = []string{"ipmasq", "ipam", "policymap/masqmap", "policymap/netpolicy"}
-	rowTypes = map[string]map[string]bool{
+	// ipamParts are the parts of ipam, which meet through the tables
+	// of the table packages (enis, ipam-allocations): a part imports
+	// none of the others.
+	ipamParts     = []string{"ipam/allocator", "ipam/podset", "ipam/datapath"}
+	ipamTablePkgs = []string{"ipam/ciliumnode", "ipam/allocations"}
+	rowTypes      = map[string]map[string]bool{
 		"ipmasq": {"CIDR": true}, // the ip-masq-agent-cidrs row
 	}
 )
@@ -92,10 +98,6 @@ func goFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-// stillLinkedFakes are the fakes not moved into a package for tests yet:
-// bpf's FakeMap, which bpf's own (internal) tests use.
-var stillLinkedFakes = map[string]bool{module + "bpf/fakemap.go": true}
-
 // TestNoFakeInTheAgent: no fake (a package for tests, such as
 // ipam/netlinkfake) and no Cilium package is linked into the standalone
 // binaries, and no feature package imports Cilium.
@@ -130,10 +132,65 @@ func TestNoFakeInTheAgent(t *testing.T) {
 			t.Errorf("%s is linked into the binaries: fakes and test helpers are for tests", pkg)
 		default:
 			for _, f := range strings.Fields(files) {
-				if strings.HasPrefix(f, "fake") && !stillLinkedFakes[pkg+"/"+f] {
+				if strings.HasPrefix(f, "fake") {
 					t.Errorf("%s/%s is linked into the binaries: a fake belongs in a package for tests", pkg, f)
 				}
 			}
 		}
+	}
+}
+
+// TestIPAMPartsMeetThroughTables: of ipam's parts, the allocator, the pod
+// set and the datapath import none of each other (the datapath never the
+// allocator: it reads ipam-allocations, whoever writes it), and the table
+// packages import no part. Only the composing cell (ipam) imports them all.
+func TestIPAMPartsMeetThroughTables(t *testing.T) {
+	forbidden := map[string]bool{}
+	for _, p := range ipamParts {
+		forbidden[module+p] = true
+	}
+	for _, dir := range append(slices.Clone(ipamParts), ipamTablePkgs...) {
+		for _, file := range goFiles(t, filepath.Join("..", dir)) {
+			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				if forbidden[path] && path != module+dir {
+					t.Errorf("%s imports %s: ipam's parts meet through tables", file, path)
+				}
+			}
+		}
+	}
+}
+
+// TestNoFeatureImportsCilium: no package of the main module but the
+// composition's tests depends on Cilium: only cmd/cilium-agent (a module
+// of its own) imports it.
+func TestNoFeatureImportsCilium(t *testing.T) {
+	goTool := os.Getenv("GO")
+	if goTool == "" {
+		goTool = "go"
+	}
+	cmd := exec.Command(goTool, "list", "-deps", "../ipmasq/...", "../ipam/...", "../policymap/...", "../bpf/...", "../cells/...")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil && strings.Contains(stderr.String(), "permission denied") {
+		t.Skipf("go list cannot use the Go caches as this user: %s", strings.TrimSpace(stderr.String()))
+	}
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, stderr.String())
+	}
+	n := 0
+	for _, pkg := range strings.Fields(string(out)) {
+		n++
+		if strings.HasPrefix(pkg, "github.com/cilium/cilium/") {
+			t.Errorf("%s is a dependency of the feature packages: only cmd/cilium-agent imports Cilium", pkg)
+		}
+	}
+	if n < 50 {
+		t.Fatalf("go list -deps listed %d packages", n)
 	}
 }

@@ -46,7 +46,7 @@ type MapsParams struct {
 
 	Config Config
 	// Store is where the maps live: the kernel unless a test provides a
-	// fake (bpf.FakeStore).
+	// fake (bpffake.FakeStore).
 	Store bpf.MapStore `optional:"true"`
 }
 

@@ -39,7 +39,7 @@ func Run(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) 
 }
 
 // RunWithoutBPFFS is Run with a plain directory as $BPFROOT, for cells
-// whose maps are fakes (bpf.FakeStore marks its pins with files there).
+// whose maps are fakes (bpffake.FakeStore marks its pins with files there).
 func RunWithoutBPFFS(t *testing.T, pattern string, newCells func(t testing.TB) []cell.Cell) {
 	run(t, pattern, func(t testing.TB) string { return t.TempDir() }, newCells)
 }

@@ -1,8 +1,8 @@
 // Package maptest runs the map features' script tests twice, as Cilium's
-// loadbalancer does: on fake maps ([RunFake]: any user, bpf.FakeStore) and
+// loadbalancer does: on fake maps ([RunFake]: any user, bpffake.FakeStore) and
 // on the kernel's ([RunKernel]: root, a private bpffs). The same txtar
 // files pass on both; the fakes behave as the kernel does where the
-// features look (see bpf.FakeStore). Its raw/... commands act on the maps
+// features look (see bpffake.FakeStore). Its raw/... commands act on the maps
 // behind the agent's back, through the same store.
 package maptest
 
@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/hive/script"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/bpffake"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
@@ -28,7 +29,7 @@ import (
 // its own and the given cells.
 func RunFake(t *testing.T, cells ...cell.Cell) {
 	celltest.RunWithoutBPFFS(t, "testdata/*.txtar", func(testing.TB) []cell.Cell {
-		store := bpf.NewFakeStore()
+		store := bpffake.NewFakeStore()
 		return append([]cell.Cell{cell.Provide(func() bpf.MapStore { return store }), RawCommands}, cells...)
 	})
 }

@@ -1,4 +1,4 @@
-package bpf
+package bpffake
 
 import (
 	"encoding/binary"
@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/enimasq/enimasq/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,7 +28,7 @@ type FakeMap struct {
 	id         uint32            // set by the FakeStore that made it
 }
 
-var _ Map = (*FakeMap)(nil)
+var _ bpf.Map = (*FakeMap)(nil)
 
 // NewFakeMap returns an empty fake LPM trie of the given sizes.
 func NewFakeMap(keySize, valueSize, maxEntries int) *FakeMap {
@@ -61,11 +62,11 @@ func (f *FakeMap) canonical(key []byte) (string, error) {
 	if len(key) != f.keySize {
 		return "", fmt.Errorf("key of %d bytes: %w", len(key), unix.EINVAL)
 	}
-	if binary.NativeEndian.Uint32(key) > uint32(f.keySize-prefixLenSize)*8 {
+	if binary.NativeEndian.Uint32(key) > uint32(f.keySize-bpf.PrefixLenSize)*8 {
 		return "", unix.EINVAL
 	}
 	k := append([]byte(nil), key...)
-	canonicalizeLPMKey(k)
+	bpf.CanonicalizeLPMKey(k)
 	return string(k), nil
 }
 
@@ -202,12 +203,12 @@ func (f *FakeMap) Lookup(key, valueOut any) error {
 	return nil
 }
 
-func lpmLen(key string) int { return int(binary.NativeEndian.Uint32([]byte(key[:prefixLenSize]))) }
+func lpmLen(key string) int { return int(binary.NativeEndian.Uint32([]byte(key[:bpf.PrefixLenSize]))) }
 
 // lpmCovers says whether the prefix of stored holds the data of key.
 func lpmCovers(stored, key string) bool {
 	n := lpmLen(stored)
-	a, b := stored[prefixLenSize:], key[prefixLenSize:]
+	a, b := stored[bpf.PrefixLenSize:], key[bpf.PrefixLenSize:]
 	for i := 0; n > 0; i, n = i+1, n-8 {
 		mask := byte(0xff)
 		if n < 8 {
@@ -224,7 +225,8 @@ func lpmCovers(stored, key string) bool {
 func (f *FakeMap) Close() error { return nil }
 
 // lookup returns the value stored at exactly key.
-func (f *FakeMap) lookup(key []byte) ([]byte, bool) {
+// Get is the value stored for key (canonicalized), if any.
+func (f *FakeMap) Get(key []byte) ([]byte, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k, err := f.canonical(key)
@@ -235,7 +237,8 @@ func (f *FakeMap) lookup(key []byte) ([]byte, bool) {
 	return v, ok
 }
 
-func (f *FakeMap) len() int {
+// Len is the number of entries.
+func (f *FakeMap) Len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.entries)
