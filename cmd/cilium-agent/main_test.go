@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/cilium/daemon/cmd"
 	"github.com/cilium/cilium/pkg/hive"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cmd/cilium-agent/ciliumlink"
 )
@@ -45,7 +45,7 @@ func TestFlagsAgainstCilium(t *testing.T) {
 	all := flagNames(root.Flags())
 
 	own := pflag.NewFlagSet("enimasq", pflag.ContinueOnError)
-	upstream.New(cells.Features).RegisterFlags(own)
+	upstream.New(enimasq.Features).RegisterFlags(own)
 	for name := range flagNames(own) {
 		if !all[name] {
 			t.Errorf("enimasq flag --%s is not in cilium-agent's flags", name)

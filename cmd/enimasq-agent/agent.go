@@ -17,7 +17,7 @@ import (
 	"go.uber.org/dig"
 	"k8s.io/klog/v2"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq"
 )
 
 // version is set at link time (-X main.version=...); otherwise the module
@@ -38,7 +38,7 @@ func agentVersion() string {
 const stopTimeout = 4 * time.Second
 
 func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
-	h := cells.New(cells.Agent)
+	h := enimasq.New(enimasq.Agent)
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:           "enimasq-agent",

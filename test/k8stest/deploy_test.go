@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/test/k8stest"
 )
@@ -158,7 +158,7 @@ func checkDaemonSet(t *testing.T, ds *unstructured.Unstructured, applied []*unst
 		args = append(args, a.(string))
 	}
 	fs := pflag.NewFlagSet("enimasq-agent", pflag.ContinueOnError)
-	cells.New(cells.Agent).RegisterFlags(fs)
+	enimasq.New(enimasq.Agent).RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		t.Fatalf("agent args %v: %s", args, err)
 	}

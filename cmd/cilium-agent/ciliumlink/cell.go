@@ -3,10 +3,10 @@ package ciliumlink
 import (
 	"github.com/cilium/hive/cell"
 
-	"github.com/enimasq/enimasq/cells"
+	"github.com/enimasq/enimasq"
 )
 
-// Cell is enimasq inside Cilium's agent: cells.Features plus the glue that
+// Cell is enimasq inside Cilium's agent: enimasq.Features plus the glue that
 // feeds them from Cilium. Add it to hive.New(cmd.Agent, ciliumlink.Cell).
 var Cell = cell.Module(
 	"enimasq",
@@ -20,7 +20,7 @@ var Cell = cell.Module(
 	cell.DecorateAll(disableCiliumIPMasqWriter),
 	cell.DecorateAll(readOnlyIPMasqAgent),
 
-	cells.Features,
+	enimasq.Features,
 	cell.Provide(newEnimasqMetrics),
 	// ipam-allocations from Cilium's endpoints and router IP (podset.go).
 	cell.Invoke(registerPodSet),

@@ -1,4 +1,4 @@
-package cells_test
+package enimasq_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq"
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/bpffake"
-	"github.com/enimasq/enimasq/cells"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipam/netlinkfake"
@@ -51,7 +51,7 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 			func() bpf.MapStore { return bpffake.NewFakeStore() },
 			func() *datapath.NetlinkTarget { return netlinkfake.New().Target() },
 		),
-		cells.Features,
+		enimasq.Features,
 		cell.Invoke(func(d *statedb.DB) { db = d }),
 	)
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelInfo))

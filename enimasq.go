@@ -1,4 +1,4 @@
-package cells
+package enimasq
 
 import (
 	"github.com/cilium/hive"

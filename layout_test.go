@@ -1,4 +1,4 @@
-package cells_test
+package enimasq_test
 
 import (
 	"go/ast"
@@ -35,7 +35,7 @@ var (
 // ipam (the node's addresses come from node-ips).
 func TestFeaturesMeetThroughTables(t *testing.T) {
 	for _, dir := range features {
-		for _, file := range goFiles(t, filepath.Join("..", dir)) {
+		for _, file := range goFiles(t, filepath.Join(".", dir)) {
 			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
 			if err != nil {
 				t.Fatal(err)
@@ -107,7 +107,7 @@ func TestNoFakeInTheAgent(t *testing.T) {
 		goTool = "go"
 	}
 	cmd := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}} {{join .GoFiles \" \"}}",
-		"../cmd/enimasq-agent", "../cmd/enimasq-cni", "../cmd/enimasq-dbg")
+		"./cmd/enimasq-agent", "./cmd/enimasq-cni", "./cmd/enimasq-dbg")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -150,7 +150,7 @@ func TestIPAMPartsMeetThroughTables(t *testing.T) {
 		forbidden[module+p] = true
 	}
 	for _, dir := range append(slices.Clone(ipamParts), ipamTablePkgs...) {
-		for _, file := range goFiles(t, filepath.Join("..", dir)) {
+		for _, file := range goFiles(t, filepath.Join(".", dir)) {
 			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ImportsOnly)
 			if err != nil {
 				t.Fatal(err)
@@ -173,7 +173,7 @@ func TestNoFeatureImportsCilium(t *testing.T) {
 	if goTool == "" {
 		goTool = "go"
 	}
-	cmd := exec.Command(goTool, "list", "-deps", "../ipmasq/...", "../ipam/...", "../policymap/...", "../bpf/...", "../cells/...")
+	cmd := exec.Command(goTool, "list", "-deps", "./ipmasq/...", "./ipam/...", "./policymap/...", "./bpf/...", "./cells/...")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
