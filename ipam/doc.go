@@ -8,27 +8,32 @@
 // Cilium (#35501, fixed by #40141) writes a pod's rules once, at pod
 // creation: a later ip-masq-agent change leaves running pods with stale
 // rules, and traffic to a peered VPC leaves by the wrong ENI. Here the rules
-// are a statedb table (eni-rules) derived from the allocations, the ENIs
-// and the ip-masq-agent-cidrs table, and reconciled by statedb's
-// reconciler: they always follow the config, a change touches only the
-// rules it changes, every rule has its own status and retry, and drift is
-// repaired by the periodic refresh.
+// are a statedb table derived from the allocations, the ENIs and the
+// ip-masq-agent-cidrs table, and reconciled by statedb's reconciler: they
+// always follow the config, a change touches only the rules it changes,
+// every rule has its own status and retry, and drift is repaired from
+// kernel events.
 //
-// Tables: enis (from the CiliumNode file, or with the Kubernetes API server
-// from the CiliumNode named after the node: source_k8s.go, same parser),
-// ipam-allocations (the allocator, checkpointed in the state dir and, with
-// the API server, reported in the CiliumNode's status.ipam.used:
-// status_k8s.go; or, linked into an agent whose own IPAM allocates, the
-// IPs that agent lists: external.go), eni-rules and eni-routes (desired
-// state, reconciled). Rules and routes carry the netlink protocol RTProto; pruning
-// removes only those, never the rules of aws-node, Cilium or an operator.
+// The parts meet only through tables, as Cilium's load-balancer writer,
+// reflectors and reconciler do:
 //
-// Tests: the script tests in testdata run twice, on a netlinkfake.Netlink
-// (package ipam/netlinkfake, for tests only: the kernel's rule, route, link
-// and notification semantics that the reconcilers rely on, in memory; no
-// root needed) and,
-// as root, on a fresh network namespace; the fake is held against the
-// kernel by TestPrivilegedFakeNetlinkMatchesKernel.
+//	ciliumnode   the CiliumNode (file, or the API server) -> enis
+//	allocations  the ipam-allocations table, written by one of:
+//	  allocator  enimasq's allocator, its CNI API and checkpoint (standalone), or
+//	  podset     the embedding agent's pod set (the Cilium build's ciliumlink)
+//	datapath     enis + ipam-allocations + ip-masq-agent-cidrs -> eni-rules,
+//	             eni-routes -> ip rules and routes; the wait of a CNI ADD
+//
+// This package composes them (Cell) and alone decides, from who allocates
+// (nodeconfig.IPAM.Allocator), which writer runs and what of a pod's
+// datapath is enimasq's (NewSettings). Rules and routes of enimasq's own
+// carry the netlink protocol datapath.RTProto; pruning never touches the
+// rules of aws-node, Cilium or an operator.
+//
+// Tests: the script tests in testdata run the composed cell twice, on a
+// netlinkfake.Netlink (package ipam/netlinkfake, for tests only) and, as
+// root, on a fresh network namespace; the fake is held against the kernel by
+// TestPrivilegedFakeNetlinkMatchesKernel.
 //
 // Documentation/eni-ipam.md describes the allocation result, the rules and
 // routes, the two egress modes and how to debug a pod's egress path.

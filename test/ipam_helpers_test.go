@@ -24,7 +24,7 @@ func requireIPAM(t *testing.T) {
 		t.Fatalf("enimasq-agent --help: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "--ciliumnode-path") {
-		t.Skip("enimasq-agent has no ENI IPAM (ipam.Cell is not in cells.Features)")
+		t.Skip("enimasq-agent has no ENI IPAM (ipam.Cell is not in enimasq.Features)")
 	}
 	if out, err := exec.Command(Build(t).Dbg, "ipam", "--help").CombinedOutput(); err != nil {
 		t.Skipf("enimasq-dbg has no ipam command (ipamCommand is not registered in root.go): %v %s", err, out)

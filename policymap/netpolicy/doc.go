@@ -12,9 +12,10 @@
 // policymap).
 //
 // Files: cell.go (the cell and its registration), config.go (flags),
-// endpoint.go (objects and their table), parse.go and decode.go (the file
-// format), source.go (directory watcher), source_k8s.go (API server informer
-// and the node rule), compile.go (compiler), table.go (policy-map-entries),
+// endpoint.go (objects and their table), parse.go and documents.go (the file
+// format, decoded by cells/strictdecode), source.go (directory watcher),
+// source_k8s.go (API server informer and the node rule), compile.go,
+// sweep.go and values.go (compiler), table.go (policy-map-entries),
 // derive.go (the job that recompiles only what changed), metrics.go,
 // script.go and dump.go (script commands, kernel listing, verdicts).
 package netpolicy

@@ -21,8 +21,8 @@
 //     mode) in step with the ip-masq-agent-cidrs table, for the IPs Cilium
 //     configured rules for: its endpoints (pods and the health endpoint, as
 //     they are created, restored and deleted) and its router IP, each on the
-//     ENI whose addresses hold it (podset.go, through
-//     ipam.ExternalAllocations). Routes and ingress rules stay Cilium's
+//     ENI whose addresses hold it (podset.go, through ipam's
+//     podset.Writer). Routes and ingress rules stay Cilium's
 //     alone; nothing of enimasq writes the CiliumNode.
 //   - PolicyEndpoint maps: enimasq's own maps, sources on Cilium's clientset.
 package ciliumlink
