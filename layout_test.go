@@ -102,23 +102,9 @@ func goFiles(t *testing.T, dir string) []string {
 // ipam/netlinkfake) and no Cilium package is linked into the standalone
 // binaries, and no feature package imports Cilium.
 func TestNoFakeInTheAgent(t *testing.T) {
-	goTool := os.Getenv("GO")
-	if goTool == "" {
-		goTool = "go"
-	}
-	cmd := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}} {{join .GoFiles \" \"}}",
+	out := goListDeps(t, "-f", "{{.ImportPath}} {{join .GoFiles \" \"}}",
 		"./cmd/enimasq-agent", "./cmd/enimasq-cni", "./cmd/enimasq-dbg")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil && strings.Contains(stderr.String(), "permission denied") {
-		// make test-unprivileged: the Go caches are the builder's.
-		t.Skipf("go list cannot use the Go caches as this user: %s", strings.TrimSpace(stderr.String()))
-	}
-	if err != nil {
-		t.Fatalf("go list -deps: %v\n%s", err, stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) < 50 {
 		t.Fatalf("go list -deps listed %d packages: not the binaries' dependencies", len(lines))
 	}
@@ -169,11 +155,28 @@ func TestIPAMPartsMeetThroughTables(t *testing.T) {
 // composition's tests depends on Cilium: only cmd/cilium-agent (a module
 // of its own) imports it.
 func TestNoFeatureImportsCilium(t *testing.T) {
+	n := 0
+	for _, pkg := range strings.Fields(goListDeps(t, "./ipmasq/...", "./ipam/...", "./policymap/...", "./bpf/...", "./cells/...")) {
+		n++
+		if strings.HasPrefix(pkg, "github.com/cilium/cilium/") {
+			t.Errorf("%s is a dependency of the feature packages: only cmd/cilium-agent imports Cilium", pkg)
+		}
+	}
+	if n < 50 {
+		t.Fatalf("go list -deps listed %d packages", n)
+	}
+}
+
+// goListDeps is the output of go list -deps with args; it skips the test
+// as a user who cannot use the Go caches (make test-unprivileged: they are
+// the builder's).
+func goListDeps(t *testing.T, args ...string) string {
+	t.Helper()
 	goTool := os.Getenv("GO")
 	if goTool == "" {
 		goTool = "go"
 	}
-	cmd := exec.Command(goTool, "list", "-deps", "./ipmasq/...", "./ipam/...", "./policymap/...", "./bpf/...", "./cells/...")
+	cmd := exec.Command(goTool, append([]string{"list", "-deps"}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -183,14 +186,5 @@ func TestNoFeatureImportsCilium(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, stderr.String())
 	}
-	n := 0
-	for _, pkg := range strings.Fields(string(out)) {
-		n++
-		if strings.HasPrefix(pkg, "github.com/cilium/cilium/") {
-			t.Errorf("%s is a dependency of the feature packages: only cmd/cilium-agent imports Cilium", pkg)
-		}
-	}
-	if n < 50 {
-		t.Fatalf("go list -deps listed %d packages", n)
-	}
+	return string(out)
 }

@@ -91,3 +91,17 @@ func (s *fakeSubscription) Close() error {
 	wake(s.wake)
 	return nil
 }
+
+// deleteFirst removes the first entry of *list that match takes, as the
+// kernel's delete does, and emits change; notFound when none matches.
+func deleteFirst[T any](f *Netlink, list *[]T, match func(T) bool, notFound error, change datapath.NetlinkChange, family int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(*list, match)
+	if i < 0 {
+		return notFound
+	}
+	*list = slices.Delete(*list, i, i+1)
+	f.emit(change, family)
+	return nil
+}

@@ -165,15 +165,8 @@ func (f *Netlink) RouteDel(r *netlink.Route) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	i := slices.IndexFunc(f.routes, func(stored fakeRoute) bool { return matchesRouteDelete(stored, q) })
-	if i < 0 {
-		return fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH)
-	}
-	f.routes = slices.Delete(f.routes, i, i+1)
-	f.emit(datapath.RouteDeleted, q.family)
-	return nil
+	return deleteFirst(f, &f.routes, func(stored fakeRoute) bool { return matchesRouteDelete(stored, q) },
+		fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH), datapath.RouteDeleted, q.family)
 }
 
 // routeFilters are the filterMask bits RouteListFiltered applies.

@@ -162,15 +162,8 @@ func (f *Netlink) RuleDel(r *netlink.Rule) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	i := slices.IndexFunc(f.rules, func(stored fakeRule) bool { return matchesDelete(stored, q) })
-	if i < 0 {
-		return fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT)
-	}
-	f.rules = slices.Delete(f.rules, i, i+1)
-	f.emit(datapath.RuleDeleted, q.family)
-	return nil
+	return deleteFirst(f, &f.rules, func(stored fakeRule) bool { return matchesDelete(stored, q) },
+		fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT), datapath.RuleDeleted, q.family)
 }
 
 // RuleList lists the rules of family (0: all) as netlink.Handle parses the
