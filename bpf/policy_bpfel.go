@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type policyCtKey struct {
+	_        structs.HostLayout
+	Pod      [16]uint8
+	Peer     [16]uint8
+	PodPort  uint16
+	PeerPort uint16
+	Protocol uint8
+	Family   uint8
+	Pad      [2]uint8
+}
+
+type policyCtValue struct {
+	_        structs.HostLayout
+	LastSeen uint64
+	OpenedBy uint32
+	Pad      uint32
+}
+
 type policyPolicyV4Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -41,12 +59,14 @@ type policyPolicyValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapEnimasqEgressV4  = "enimasq_egress_v4"
-	policyMapEnimasqEgressV6  = "enimasq_egress_v6"
-	policyMapEnimasqIngressV4 = "enimasq_ingress_v4"
-	policyMapEnimasqIngressV6 = "enimasq_ingress_v6"
-	policyProgPolicyEgress    = "policy_egress"
-	policyProgPolicyIngress   = "policy_ingress"
+	policyMapEnimasqEgressV4   = "enimasq_egress_v4"
+	policyMapEnimasqEgressV6   = "enimasq_egress_v6"
+	policyMapEnimasqIngressV4  = "enimasq_ingress_v4"
+	policyMapEnimasqIngressV6  = "enimasq_ingress_v6"
+	policyMapEnimasqPolicyCt   = "enimasq_policy_ct"
+	policyMapEnimasqPolicyMode = "enimasq_policy_mode"
+	policyProgPolicyEgress     = "policy_egress"
+	policyProgPolicyIngress    = "policy_ingress"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -99,10 +119,12 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	EnimasqEgressV4  *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6  *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4 *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6 *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
+	EnimasqEgressV4   *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6   *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4  *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6  *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyCt   *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyMode *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -131,10 +153,12 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	EnimasqEgressV4  *ebpf.Map `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6  *ebpf.Map `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4 *ebpf.Map `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6 *ebpf.Map `ebpf:"enimasq_ingress_v6"`
+	EnimasqEgressV4   *ebpf.Map `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6   *ebpf.Map `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4  *ebpf.Map `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6  *ebpf.Map `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyCt   *ebpf.Map `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyMode *ebpf.Map `ebpf:"enimasq_policy_mode"`
 }
 
 func (m *policyMaps) Close() error {
@@ -143,6 +167,8 @@ func (m *policyMaps) Close() error {
 		m.EnimasqEgressV6,
 		m.EnimasqIngressV4,
 		m.EnimasqIngressV6,
+		m.EnimasqPolicyCt,
+		m.EnimasqPolicyMode,
 	)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -23,6 +24,11 @@ const (
 	PolicyNoPolicy PolicyReason = 3
 	// PolicyNotIP: not IPv4 or IPv6, or a truncated IP header: passed.
 	PolicyNotIP PolicyReason = 4
+	// PolicyTracked: a packet of a connection the policy allowed (either
+	// way).
+	PolicyTracked PolicyReason = 5
+	// PolicyStrict: no policy selects the pod and the mode is strict.
+	PolicyStrict PolicyReason = 6
 )
 
 func (r PolicyReason) String() string {
@@ -35,10 +41,20 @@ func (r PolicyReason) String() string {
 		return "no policy selects the pod"
 	case PolicyNotIP:
 		return "not an IP packet"
+	case PolicyTracked:
+		return "a connection the policy allowed"
+	case PolicyStrict:
+		return "no policy selects the pod (strict mode)"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}
 }
+
+// ICMP protocol numbers (an echo request is a connection of its own).
+const (
+	protocolICMP   = 1
+	protocolICMPv6 = 58
+)
 
 // tc verdicts of the policy programs.
 const (
@@ -67,12 +83,17 @@ const skbCBWord = 12
 type PolicyProgram struct {
 	egress, ingress *ebpf.Program
 	owned           []*ebpf.Map // placeholder maps made for missing maps
+	// scratchCT is the placeholder connection-tracking map, emptied after
+	// each Run: without a map of tracked connections given, every run is
+	// judged on the policy alone.
+	scratchCT *ebpf.Map
 }
 
 // LoadPolicyProgram loads the programs using the given maps, by name
-// (PolicyMapNames). A missing or nil map (a family disabled on the node) is
-// replaced by an empty one of the same layout: every pod of that family has
-// no policy.
+// (PolicyMapNames, PolicyCTMapName, PolicyModeMapName). A missing or nil
+// policy map (a family disabled on the node) is replaced by an empty one of
+// the same layout: every pod of that family has no policy; a missing state
+// map by an empty one (no tracked connection, standard mode).
 func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	spec, err := loadPolicy()
 	if err != nil {
@@ -80,7 +101,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	}
 	p := &PolicyProgram{}
 	replacements := map[string]*ebpf.Map{}
-	for _, name := range PolicyMapNames {
+	for _, name := range append(slices.Clone(PolicyMapNames), PolicyCTMapName, PolicyModeMapName) {
 		ms, ok := spec.Maps[name]
 		if !ok {
 			return nil, fmt.Errorf("policy program spec has no map %s", name)
@@ -92,6 +113,9 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 				return nil, fmt.Errorf("placeholder map %s: %w", name, err)
 			}
 			p.owned = append(p.owned, m)
+			if name == PolicyCTMapName {
+				p.scratchCT = m
+			}
 		}
 		// The map size is a flag; the program works with any.
 		ms.MaxEntries = m.MaxEntries()
@@ -118,6 +142,11 @@ func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: &in, ContextOut: &out})
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
+	}
+	if p.scratchCT != nil {
+		if err := clearMap(p.scratchCT); err != nil {
+			return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
+		}
 	}
 	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), PortEntry: -1}
 	if idx := out[skbCBWord+1]; idx < PolicyMaxPortEntries {
@@ -148,8 +177,9 @@ func (p *PolicyProgram) Close() error {
 }
 
 // PolicyTestFrame builds an Ethernet frame from src to dst (same family)
-// with an IP header and, for TCP, UDP and SCTP, the ports; other protocols
-// get no transport header. It is what the tests and enimasq-dbg feed the
+// with an IP header and, for TCP, UDP and SCTP, the ports; ICMP and ICMPv6
+// an echo request with srcPort as its identifier; other protocols get no
+// transport header. It is what the tests and enimasq-dbg feed the
 // policy program.
 func PolicyTestFrame(src, dst netip.Addr, proto uint8, srcPort, dstPort uint16) ([]byte, error) {
 	if FamilyOf(src) != FamilyOf(dst) {
@@ -157,6 +187,10 @@ func PolicyTestFrame(src, dst netip.Addr, proto uint8, srcPort, dstPort uint16) 
 	}
 	var l4 []byte
 	switch uint32(proto) {
+	case protocolICMP:
+		l4 = icmpEcho(false, srcPort)
+	case protocolICMPv6:
+		l4 = icmpEcho(true, srcPort)
 	case ProtocolTCP:
 		l4 = make([]byte, 20)
 		l4[12] = 5 << 4 // data offset
@@ -166,7 +200,7 @@ func PolicyTestFrame(src, dst netip.Addr, proto uint8, srcPort, dstPort uint16) 
 	case ProtocolSCTP:
 		l4 = make([]byte, 12)
 	}
-	if l4 != nil {
+	if has := uint32(proto); l4 != nil && has != protocolICMP && has != protocolICMPv6 {
 		binary.BigEndian.PutUint16(l4[0:], srcPort)
 		binary.BigEndian.PutUint16(l4[2:], dstPort)
 	}

@@ -15,6 +15,15 @@
 // reason in skb->cb[0] and the index of the deciding port entry in
 // skb->cb[1] (BPF_PROG_TEST_RUN hands cb back, which is how tests and
 // enimasq-dbg explain a verdict).
+//
+// They are stateful, as NetworkPolicy is: a packet the policy allows opens
+// a connection in enimasq_policy_ct (TCP and UDP by ports, ICMP echo by its
+// identifier), keyed by pod and peer so that both directions find it, and
+// every packet of a tracked connection passes, either way, until it has
+// been idle for the protocol's timeout (a TCP RST closes it at once). The
+// map is an LRU hash: bounded, the least recently used connection goes
+// first. enimasq_policy_mode[0] is the enforcing mode: in strict mode a pod
+// that no policy selects is denied instead of allowed.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -34,6 +43,16 @@
 #define REASON_DENIED 2    /* the pod's longest matching key lists nothing that allows */
 #define REASON_NO_POLICY 3 /* the pod has no key: no PolicyEndpoint selects it */
 #define REASON_NOT_IP 4    /* not IPv4 or IPv6, or a truncated IP header: passed */
+#define REASON_TRACKED 5   /* a packet of a connection the policy allowed */
+#define REASON_STRICT 6    /* no policy selects the pod, and the mode is strict */
+
+#define MODE_STRICT 1
+
+#define CT_MAX_ENTRIES 65536
+#define NSEC 1000000000ULL
+#define CT_TIMEOUT_TCP (3600 * NSEC)
+#define CT_TIMEOUT_UDP (60 * NSEC)
+#define CT_TIMEOUT_ICMP (30 * NSEC)
 
 #define NO_PORT_ENTRY 0xffffffff
 
@@ -73,11 +92,47 @@ POLICY_MAP(enimasq_egress_v6, struct policy_v6_key);
 POLICY_MAP(enimasq_ingress_v4, struct policy_v4_key);
 POLICY_MAP(enimasq_ingress_v6, struct policy_v6_key);
 
+/* A tracked connection: the pod's and the peer's addresses (IPv4 in the
+ * first 4 bytes) and ports (the echo identifier twice for ICMP), seen from
+ * the pod whichever way the packet goes. */
+struct ct_key {
+	__u8 pod[16];
+	__u8 peer[16];
+	__u16 pod_port;
+	__u16 peer_port;
+	__u8 protocol;
+	__u8 family;
+	__u8 pad[2];
+};
+
+struct ct_value {
+	__u64 last_seen; /* bpf_ktime_get_ns */
+	__u32 opened_by; /* 1: the pod's egress, 2: its ingress */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, CT_MAX_ENTRIES);
+} enimasq_policy_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} enimasq_policy_mode SEC(".maps");
+
 /* The fields of a packet that the policy looks at. */
 struct flow {
 	__u32 protocol;
 	__u32 port;       /* destination port */
+	__u32 sport;      /* source port */
 	__u8 port_known;  /* false for ICMP, non-first fragments, other protocols */
+	__u8 echo;        /* 1: an ICMP echo request, 2: an echo reply (id in sport) */
+	__u8 rst;         /* a TCP RST */
 };
 
 static __always_inline int has_ports(__u8 proto)
@@ -90,11 +145,24 @@ static __always_inline int has_ports(__u8 proto)
 static __always_inline void read_dport(struct flow *f, void *l4, void *data_end)
 {
 	__be16 *ports = l4;
+	__u8 *b = l4;
 
+	if ((f->protocol == IPPROTO_ICMP || f->protocol == IPPROTO_ICMPV6) && (void *)(b + 6) <= data_end) {
+		/* type, code, checksum, identifier */
+		if (b[0] == 8 || b[0] == 128)
+			f->echo = 1;
+		else if (b[0] == 0 || b[0] == 129)
+			f->echo = 2;
+		f->sport = bpf_ntohs(*(__be16 *)(b + 4));
+		return;
+	}
 	if (!has_ports(f->protocol) || (void *)(ports + 2) > data_end)
 		return;
+	f->sport = bpf_ntohs(ports[0]);
 	f->port = bpf_ntohs(ports[1]);
 	f->port_known = 1;
+	if (f->protocol == IPPROTO_TCP && (void *)(b + 14) <= data_end)
+		f->rst = (b[13] & 0x04) != 0;
 }
 
 static __always_inline int port_entry_allows(const struct port_entry *e, const struct flow *f)
@@ -110,9 +178,79 @@ static __always_inline int port_entry_allows(const struct port_entry *e, const s
 	return f->port >= e->start_port && f->port <= e->end_port;
 }
 
+static __always_inline __u64 ct_timeout(__u8 proto)
+{
+	if (proto == IPPROTO_TCP)
+		return CT_TIMEOUT_TCP;
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+		return CT_TIMEOUT_ICMP;
+	return CT_TIMEOUT_UDP;
+}
+
+/* ct_key_of fills the connection key of the packet seen from the pod. */
+static __always_inline void ct_key_of(struct ct_key *k, const struct flow *f, int egress)
+{
+	k->protocol = f->protocol;
+	if (f->echo) {
+		k->pod_port = f->sport;
+		k->peer_port = f->sport;
+	} else if (f->port_known) {
+		k->pod_port = egress ? f->sport : f->port;
+		k->peer_port = egress ? f->port : f->sport;
+	}
+}
+
+/* tracked says whether the packet belongs to a live tracked connection,
+ * and keeps it alive (or closes it on a TCP RST). */
+static __always_inline int tracked(struct ct_key *k, const struct flow *f)
+{
+	struct ct_value *v;
+	__u64 now;
+
+	if (!f->port_known && !f->echo)
+		return 0;
+	v = bpf_map_lookup_elem(&enimasq_policy_ct, k);
+	if (!v)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (now - v->last_seen > ct_timeout(k->protocol)) {
+		bpf_map_delete_elem(&enimasq_policy_ct, k);
+		return 0;
+	}
+	if (f->rst)
+		bpf_map_delete_elem(&enimasq_policy_ct, k);
+	else
+		v->last_seen = now;
+	return 1;
+}
+
+/* track opens a connection the policy allowed: TCP and UDP, ICMP echo
+ * requests. */
+static __always_inline void track(struct ct_key *k, const struct flow *f, int egress)
+{
+	struct ct_value v = { .opened_by = egress ? 1 : 2 };
+
+	if ((!f->port_known && f->echo != 1) || f->rst)
+		return;
+	v.last_seen = bpf_ktime_get_ns();
+	bpf_map_update_elem(&enimasq_policy_ct, k, &v, BPF_ANY);
+}
+
+static __always_inline int strict_mode(void)
+{
+	__u32 zero = 0;
+	__u32 *mode = bpf_map_lookup_elem(&enimasq_policy_mode, &zero);
+
+	return mode && *mode == MODE_STRICT;
+}
+
 static __always_inline int decide(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f)
 {
 	if (!v) {
+		if (strict_mode()) {
+			skb->cb[0] = REASON_STRICT;
+			return TC_ACT_SHOT;
+		}
 		skb->cb[0] = REASON_NO_POLICY;
 		return TC_ACT_OK;
 	}
@@ -131,12 +269,31 @@ static __always_inline int decide(struct __sk_buff *skb, const struct policy_val
 	return TC_ACT_SHOT;
 }
 
+/* decide_tracked passes the packets of tracked connections, decides the
+ * others by the policy, and tracks what the policy allows. */
+static __always_inline int decide_tracked(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f,
+					  struct ct_key *ct, int egress)
+{
+	int ret;
+
+	ct_key_of(ct, f, egress);
+	if (tracked(ct, f)) {
+		skb->cb[0] = REASON_TRACKED;
+		return TC_ACT_OK;
+	}
+	ret = decide(skb, v, f);
+	if (ret == TC_ACT_OK && skb->cb[0] == REASON_ALLOWED)
+		track(ct, f, egress);
+	return ret;
+}
+
 static __always_inline int verdict(struct __sk_buff *skb, int egress)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct flow f = {};
+	struct ct_key ct = {};
 
 	skb->cb[0] = REASON_NOT_IP;
 	skb->cb[1] = NO_PORT_ENTRY;
@@ -155,7 +312,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 			read_dport(&f, (void *)ip4 + ip4->ihl * 4, data_end);
 		__builtin_memcpy(key.pod, egress ? &ip4->saddr : &ip4->daddr, 4);
 		__builtin_memcpy(key.peer, egress ? &ip4->daddr : &ip4->saddr, 4);
-		return decide(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key), &f);
+		__builtin_memcpy(ct.pod, key.pod, 4);
+		__builtin_memcpy(ct.peer, key.peer, 4);
+		ct.family = 4;
+		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key), &f, &ct, egress);
 	}
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -169,7 +329,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		read_dport(&f, ip6 + 1, data_end);
 		__builtin_memcpy(key.pod, egress ? &ip6->saddr : &ip6->daddr, 16);
 		__builtin_memcpy(key.peer, egress ? &ip6->daddr : &ip6->saddr, 16);
-		return decide(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f);
+		__builtin_memcpy(ct.pod, key.pod, 16);
+		__builtin_memcpy(ct.peer, key.peer, 16);
+		ct.family = 6;
+		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f, &ct, egress);
 	}
 	return TC_ACT_OK;
 }

@@ -1,0 +1,110 @@
+package bpf
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/enimasq/enimasq/cells/celltest"
+)
+
+// The programs are stateful: the replies of what the policy allowed pass
+// the other way, TCP and UDP by ports and ICMP echo by identifier, a TCP
+// RST closes the connection, and what was never allowed stays denied. In
+// strict mode a pod without policy is denied.
+func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	maps := map[string]*ebpf.Map{}
+	for _, d := range []Direction{Egress, Ingress} {
+		spec := PolicyMapSpec(d, IPv4, 1024)
+		maps[spec.Name] = openPinnedForTest(t, spec, dir)
+	}
+	ctSpec, modeSpec, err := PolicyStateSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps[PolicyCTMapName] = openPinnedForTest(t, ctSpec, dir)
+	maps[PolicyModeMapName] = openPinnedForTest(t, modeSpec, dir)
+	pod, peer, other := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("10.9.9.9")
+
+	// The pod may open TCP 80, UDP 53 and ICMP to the peer; nothing may
+	// reach it (ingress isolated, no rule).
+	key, _ := EncodePolicyKey(pod, netip.PrefixFrom(peer, 32))
+	v, _ := NewPolicyValue([]PortEntry{{Protocol: ProtocolTCP, StartPort: 80}, {Protocol: ProtocolUDP, StartPort: 53}, {Protocol: protocolICMP}})
+	b, _ := v.MarshalBinary()
+	if err := maps[PolicyEgressV4MapName].Put(key, b); err != nil {
+		t.Fatal(err)
+	}
+	key, _ = EncodePolicyKey(pod, netip.MustParsePrefix("0.0.0.0/0"))
+	empty, _ := NewPolicyValue(nil)
+	b, _ = empty.MarshalBinary()
+	if err := maps[PolicyIngressV4MapName].Put(key, b); err != nil {
+		t.Fatal(err)
+	}
+
+	prog, err := LoadPolicyProgram(maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	run := func(d Direction, frame []byte) PolicyResult {
+		t.Helper()
+		res, err := prog.Run(d, frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	frame := func(src, dst netip.Addr, proto uint32, sport, dport uint16) []byte {
+		t.Helper()
+		f, err := PolicyTestFrame(src, dst, uint8(proto), sport, dport)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	want := func(what string, got PolicyResult, allow bool, reason PolicyReason) {
+		t.Helper()
+		if got.Allow != allow || got.Reason != reason {
+			t.Errorf("%s: %+v, want allow=%t (%s)", what, got, allow, reason)
+		}
+	}
+
+	// Before anything was opened, the peer's packets are denied.
+	want("unsolicited TCP from the peer", run(Ingress, frame(peer, pod, ProtocolTCP, 80, 40000)), false, PolicyDenied)
+	want("SYN", run(Egress, frame(pod, peer, ProtocolTCP, 40000, 80)), true, PolicyAllowed)
+	want("SYN-ACK", run(Ingress, frame(peer, pod, ProtocolTCP, 80, 40000)), true, PolicyTracked)
+	want("ACK", run(Egress, frame(pod, peer, ProtocolTCP, 40000, 80)), true, PolicyTracked)
+	want("another port of the peer", run(Ingress, frame(peer, pod, ProtocolTCP, 81, 40000)), false, PolicyDenied)
+	want("another peer", run(Ingress, frame(other, pod, ProtocolTCP, 80, 40000)), false, PolicyDenied)
+
+	rst := frame(peer, pod, ProtocolTCP, 80, 40000)
+	rst[14+20+13] = 0x04 // RST
+	want("RST", run(Ingress, rst), true, PolicyTracked)
+	want("after the RST", run(Ingress, frame(peer, pod, ProtocolTCP, 80, 40000)), false, PolicyDenied)
+
+	want("DNS query", run(Egress, frame(pod, peer, ProtocolUDP, 5353, 53)), true, PolicyAllowed)
+	want("DNS answer", run(Ingress, frame(peer, pod, ProtocolUDP, 53, 5353)), true, PolicyTracked)
+
+	want("echo request", run(Egress, frame(pod, peer, protocolICMP, 7, 0)), true, PolicyAllowed)
+	reply := frame(peer, pod, protocolICMP, 7, 0)
+	reply[14+20] = 0 // echo reply, same identifier
+	want("echo reply", run(Ingress, reply), true, PolicyTracked)
+	other7 := frame(peer, pod, protocolICMP, 8, 0)
+	other7[14+20] = 0
+	want("echo reply of another identifier", run(Ingress, other7), false, PolicyDenied)
+
+	if n, err := PolicyConnections(maps[PolicyCTMapName]); err != nil || n != 2 {
+		t.Errorf("%d tracked connections (%v), want 2 (TCP closed; UDP, ICMP)", n, err)
+	}
+
+	// Strict mode: a pod that no policy selects is denied.
+	nobody := netip.MustParseAddr("10.0.0.6")
+	want("no policy, standard", run(Egress, frame(nobody, peer, ProtocolTCP, 40001, 443)), true, PolicyNoPolicy)
+	if err := SetPolicyMode(maps[PolicyModeMapName], PolicyModeStrict); err != nil {
+		t.Fatal(err)
+	}
+	want("no policy, strict", run(Egress, frame(nobody, peer, ProtocolTCP, 40002, 443)), false, PolicyStrict)
+	want("a policy, strict", run(Egress, frame(pod, peer, ProtocolTCP, 40003, 80)), true, PolicyAllowed)
+}
