@@ -130,6 +130,10 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	return p, nil
 }
 
+// Programs are the programs of the pod's egress (on the ingress of its
+// host-side device) and of its ingress (on the device's egress).
+func (p *PolicyProgram) Programs() (egress, ingress *ebpf.Program) { return p.egress, p.ingress }
+
 // Run runs the program of the direction on an Ethernet frame.
 func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 	prog := p.egress

@@ -26,6 +26,7 @@ import (
 var Cell = cell.Group(
 	SourceCell,
 	MapCells,
+	EnforceCells,
 )
 
 // SourceCell fills policy-endpoints from the PolicyEndpoint directory or the

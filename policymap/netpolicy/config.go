@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 
 // PolicyConfig holds the network-policy flags: where the PolicyEndpoint
@@ -19,6 +20,9 @@ type PolicyConfig struct {
 	PolicyEndpointsPath           string        `mapstructure:"policy-endpoints-path"`
 	PolicyMapMaxEntries           uint32        `mapstructure:"policy-map-max-entries"`
 	PolicyEndpointsResyncInterval time.Duration `mapstructure:"policy-endpoints-resync-interval"`
+	EnforcingMode                 string        `mapstructure:"network-policy-enforcing-mode"`
+	Attach                        string        `mapstructure:"network-policy-attach"`
+	AttachCheckInterval           time.Duration `mapstructure:"network-policy-attach-check-interval"`
 }
 
 // DefaultPolicyConfig has network policy off.
@@ -27,6 +31,9 @@ var DefaultPolicyConfig = PolicyConfig{
 	PolicyEndpointsPath:           "",
 	PolicyMapMaxEntries:           bpf.PolicyDefaultMaxEntries,
 	PolicyEndpointsResyncInterval: 60 * time.Second,
+	EnforcingMode:                 "standard",
+	Attach:                        enforce.AttachAuto,
+	AttachCheckInterval:           time.Second,
 }
 
 // maxPolicyMapEntries bounds --policy-map-max-entries: each entry of a full
@@ -38,6 +45,9 @@ func (def PolicyConfig) Flags(flags *pflag.FlagSet) {
 	flags.String("policy-endpoints-path", def.PolicyEndpointsPath, "Directory of PolicyEndpoint files (networking.k8s.aws/v1alpha1, YAML or JSON, several documents or a List per file); it is watched. Not allowed with the Kubernetes API server, which is then the source")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Size of each network-policy map (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6)")
 	flags.Duration("policy-endpoints-resync-interval", def.PolicyEndpointsResyncInterval, "Re-read the PolicyEndpoint directory this often, in case a file event was missed (with the API server: re-check the node's addresses this often)")
+	flags.String("network-policy-enforcing-mode", def.EnforcingMode, `"standard": a pod that no policy selects is allowed, and the programs are on the devices of the pods the policies select; "strict": the programs are on every pod's device, and a pod is denied until its policy is in the kernel (as the AWS network policy agent's NETWORK_POLICY_ENFORCING_MODE)`)
+	flags.String("network-policy-attach", def.Attach, `How the policy programs are put on the pods' devices: "tcx" (kernel 6.6), "tc" (clsact), or "auto" (tcx where the kernel has it)`)
+	flags.Duration("network-policy-attach-check-interval", def.AttachCheckInterval, "Check the programs on the pods' devices against the kernel this often (a program detached by hand is put back by then)")
 }
 
 // Validate names the flag that is wrong, for the file source.
@@ -58,6 +68,13 @@ func (c PolicyConfig) validate(api bool) error {
 		return fmt.Errorf("--policy-map-max-entries %d: want 1..%d", c.PolicyMapMaxEntries, maxPolicyMapEntries)
 	case c.PolicyEndpointsResyncInterval <= 0:
 		return fmt.Errorf("--policy-endpoints-resync-interval %s: must be positive", c.PolicyEndpointsResyncInterval)
+	case c.Attach != enforce.AttachAuto && c.Attach != enforce.AttachTCX && c.Attach != enforce.AttachTC:
+		return fmt.Errorf("--network-policy-attach %q: want auto, tcx or tc", c.Attach)
+	case c.AttachCheckInterval <= 0:
+		return fmt.Errorf("--network-policy-attach-check-interval %s: must be positive", c.AttachCheckInterval)
+	}
+	if _, err := bpf.ParsePolicyMode(c.EnforcingMode); err != nil {
+		return fmt.Errorf("--network-policy-enforcing-mode: %w", err)
 	}
 	return nil
 }

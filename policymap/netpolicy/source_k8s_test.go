@@ -77,7 +77,8 @@ func TestPolicySourceConflict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	withPath := PolicyConfig{EnableNetworkPolicy: true, PolicyEndpointsPath: "/pe", PolicyMapMaxEntries: 1, PolicyEndpointsResyncInterval: time.Second}
+	withPath := DefaultPolicyConfig
+	withPath.EnableNetworkPolicy, withPath.PolicyEndpointsPath, withPath.PolicyMapMaxEntries = true, "/pe", 1
 	noPath := withPath
 	noPath.PolicyEndpointsPath = ""
 	if err := checkPolicySource(withPath, nil); err != nil {

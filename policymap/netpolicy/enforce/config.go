@@ -1,0 +1,44 @@
+package enforce
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// Attach modes (--network-policy-attach).
+const (
+	AttachAuto = "auto" // tcx where the kernel has it, else tc
+	AttachTCX  = "tcx"
+	AttachTC   = "tc"
+)
+
+// Settings are what the enforcement takes (the flags are netpolicy's).
+type Settings struct {
+	// Off, when set, says why nothing is attached.
+	Off string
+	// Mode is the enforcing mode: strict attaches to every pod device and
+	// denies a pod no policy selects.
+	Mode bpf.PolicyMode
+	// Attach is AttachAuto, AttachTCX or AttachTC.
+	Attach string
+	// GlobalsDir is where the policy maps and the programs' state maps are
+	// pinned; LinksDir where the tcx links are.
+	GlobalsDir, LinksDir string
+	// CheckInterval is how often the attachments are checked against the
+	// kernel (a program detached by hand sends no notification).
+	CheckInterval time.Duration
+}
+
+// SelectedPods returns the pod IPs the policies select, and a channel
+// closed when they change.
+type SelectedPods func(txn statedb.ReadTxn) ([]netip.Addr, <-chan struct{})
+
+// PolicyMaps returns the kernel policy maps by name (bpf.PolicyMapNames),
+// once they are open.
+type PolicyMaps func(ctx context.Context) (map[string]*ebpf.Map, error)

@@ -1,0 +1,154 @@
+package enforce
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/tablesync"
+)
+
+// deriver keeps policy-attachments equal to the pod devices to enforce on:
+// the veths that the node's host routes to selected pods (to every pod, in
+// strict mode) leave by. It derives again when the selection changes and
+// when a link or a route comes or goes.
+type deriver struct {
+	log      *slog.Logger
+	db       *statedb.DB
+	table    statedb.RWTable[*Attachment]
+	pods     SelectedPods
+	settings Settings
+	initDone func(statedb.WriteTxn)
+}
+
+func (d *deriver) run(ctx context.Context, health cell.Health) error {
+	done := make(chan struct{})
+	defer close(done)
+	changed := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	links := make(chan netlink.LinkUpdate, 128)
+	routes := make(chan netlink.RouteUpdate, 128)
+	lost := func(error) { notify() }
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{ErrorCallback: lost}); err != nil {
+		return fmt.Errorf("subscribe to link changes: %w", err)
+	}
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{ErrorCallback: lost}); err != nil {
+		return fmt.Errorf("subscribe to route changes: %w", err)
+	}
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case _, ok := <-links:
+				if !ok {
+					return
+				}
+				notify()
+			case _, ok := <-routes:
+				if !ok {
+					return
+				}
+				notify()
+			}
+		}
+	}()
+
+	for {
+		txn := d.db.ReadTxn()
+		pods, watch := d.pods(txn)
+		rows, err := d.desired(pods)
+		if err != nil {
+			health.Degraded("listing the pods' devices", err)
+		} else {
+			wtxn := d.db.WriteTxn(d.table)
+			tablesync.Rows[*Attachment, string]{
+				Key:    func(a *Attachment) string { return a.Device },
+				Query:  DeviceIndex.Query,
+				Same:   (*Attachment).sameDesired,
+				Insert: func(a *Attachment) *Attachment { return a.SetStatus(reconciler.StatusPending()) },
+			}.Sync(wtxn, d.table, rows)
+			if d.initDone != nil {
+				d.initDone(wtxn)
+				d.initDone = nil
+			}
+			wtxn.Commit()
+			health.OK(fmt.Sprintf("%d pod devices to enforce on (%s mode)", len(rows), d.settings.Mode))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-changed:
+			// A burst of changes (a pod's veth and routes made) is one
+			// derive.
+			time.Sleep(10 * time.Millisecond)
+			select {
+			case <-changed:
+			default:
+			}
+		case <-time.After(d.settings.CheckInterval):
+			// Notifications lost without an error: derive anyway.
+		}
+	}
+}
+
+// desired lists the attachments: one per veth that host routes of the main
+// table to pods lead to.
+func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, error) {
+	want := map[netip.Addr]bool{}
+	for _, p := range selected {
+		want[p] = true
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("ip route list: %w", err)
+	}
+	byIndex := map[int]*Attachment{}
+	for _, r := range routes {
+		if r.Dst == nil || r.LinkIndex == 0 {
+			continue
+		}
+		ones, bits := r.Dst.Mask.Size()
+		addr, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok || ones != bits {
+			continue
+		}
+		addr = addr.Unmap()
+		if d.settings.Mode != bpf.PolicyModeStrict && !want[addr] {
+			continue
+		}
+		a := byIndex[r.LinkIndex]
+		if a == nil {
+			link, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil || link.Type() != "veth" {
+				continue // gone meanwhile, or not a pod's device
+			}
+			a = &Attachment{Device: link.Attrs().Name, Ifindex: r.LinkIndex}
+			byIndex[r.LinkIndex] = a
+		}
+		a.Pods = append(a.Pods, addr)
+	}
+	out := make([]*Attachment, 0, len(byIndex))
+	for _, a := range byIndex {
+		slices.SortFunc(a.Pods, netip.Addr.Compare)
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b *Attachment) int { return a.Ifindex - b.Ifindex })
+	return out, nil
+}

@@ -1,0 +1,246 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// hook is one side of a pod's device: the program that runs there and how
+// it is named in pins and errors.
+type hook struct {
+	name   string // "ingress" or "egress" of the device
+	tcx    ebpf.AttachType
+	parent uint32 // tc clsact parent
+}
+
+var hooks = []hook{
+	// What the pod sends enters its host-side device: the pod's egress.
+	{name: "ingress", tcx: ebpf.AttachTCXIngress, parent: netlink.HANDLE_MIN_INGRESS},
+	// What the pod receives leaves the device: the pod's ingress.
+	{name: "egress", tcx: ebpf.AttachTCXEgress, parent: netlink.HANDLE_MIN_EGRESS},
+}
+
+// tcFilterName names enimasq's tc filters (the tc fallback).
+const tcFilterName = "enimasq-policy"
+
+// ops reconciles policy-attachments with the kernel.
+type ops struct {
+	log      *slog.Logger
+	settings Settings
+	progs    *programs
+}
+
+func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
+	p, err := o.progs.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	egress, ingress := p.Programs()
+	if h.name == "ingress" {
+		return egress, nil
+	}
+	return ingress, nil
+}
+
+func (o *ops) pinPath(device string, h hook) string {
+	return filepath.Join(o.settings.LinksDir, device+"_"+h.name)
+}
+
+// Update puts the programs on both sides of the device, or checks that they
+// are there (a refresh), attached to this ifindex and the current programs.
+func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
+	for _, h := range hooks {
+		prog, err := o.program(ctx, h)
+		if err != nil {
+			return fmt.Errorf("policy programs: %w", err)
+		}
+		if err := o.attach(a, h, prog); err != nil {
+			return fmt.Errorf("attach to the %s of %s (ifindex %d): %w", h.name, a.Device, a.Ifindex, err)
+		}
+	}
+	return nil
+}
+
+func (o *ops) attach(a *Attachment, h hook, prog *ebpf.Program) error {
+	if o.settings.Attach != AttachTC {
+		err := o.attachTCX(a, h, prog)
+		if err == nil || o.settings.Attach == AttachTCX || !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		// No tcx in this kernel: tc.
+	}
+	return o.attachTC(a, h, prog)
+}
+
+// attachTCX keeps a tcx link of prog on the hook, pinned: the pinned link,
+// if it is still attached to this ifindex, is moved to prog; else (the
+// device made again, the link detached by hand) it is replaced.
+func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
+	path := o.pinPath(a.Device, h)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		ok, err := o.attachedTCX(l, a, h, prog)
+		if ok || err != nil {
+			l.Close()
+			return err
+		}
+		l.Unpin()
+		l.Close()
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: a.Ifindex, Program: prog, Attach: h.tcx})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := os.MkdirAll(o.settings.LinksDir, 0o700); err != nil {
+		return err
+	}
+	os.Remove(path)
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin the link at %s: %w", path, err)
+	}
+	return nil
+}
+
+// attachedTCX says whether the pinned link l is attached to the device's
+// hook, moving it to prog if it holds another program.
+func (o *ops) attachedTCX(l link.Link, a *Attachment, h hook, prog *ebpf.Program) (bool, error) {
+	info, err := l.Info()
+	if err != nil {
+		return false, nil
+	}
+	tcx := info.TCX()
+	if tcx == nil || int(tcx.Ifindex) != a.Ifindex || ebpf.AttachType(tcx.AttachType) != h.tcx {
+		return false, nil
+	}
+	pinfo, err := prog.Info()
+	if err != nil {
+		return false, err
+	}
+	if id, _ := pinfo.ID(); id == info.Program {
+		return true, nil
+	}
+	if err := l.Update(prog); err != nil {
+		return false, fmt.Errorf("move the link to the new program: %w", err)
+	}
+	return true, nil
+}
+
+// attachTC keeps a direct-action bpf filter of prog on the device's clsact
+// qdisc (kernels without tcx). Filters stay in the kernel across restarts.
+func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: a.Ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add the clsact qdisc: %w", err)
+	}
+	filter := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: a.Ifindex, Parent: h.parent, Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL,
+		},
+		Fd: prog.FD(), Name: tcFilterName, DirectAction: true,
+	}
+	if err := netlink.FilterReplace(filter); err != nil {
+		return fmt.Errorf("tc filter replace: %w", err)
+	}
+	return nil
+}
+
+// Delete takes the programs off the device.
+func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
+	var errs []error
+	for _, h := range hooks {
+		errs = append(errs, o.detach(a.Device, h))
+		if link, err := netlink.LinkByIndex(a.Ifindex); err == nil && link.Attrs().Name == a.Device {
+			errs = append(errs, deleteTCFilter(a.Ifindex, h))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detach removes the pin of the device's link: the link, held by nothing
+// else, goes and detaches.
+func (o *ops) detach(device string, h hook) error {
+	if err := os.Remove(o.pinPath(device, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("detach from the %s of %s: %w", h.name, device, err)
+	}
+	return nil
+}
+
+func deleteTCFilter(ifindex int, h hook) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil
+	}
+	filters, err := netlink.FilterList(l, h.parent)
+	if err != nil {
+		return nil // no clsact qdisc
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName {
+			if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("tc filter del on ifindex %d: %w", ifindex, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Prune removes enimasq's links (pins) and tc filters of devices that no
+// row desires; nothing of another writer is looked at.
+func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Attachment, statedb.Revision]) error {
+	desired := map[string]bool{}
+	for a := range objects {
+		desired[a.Device] = true
+	}
+	var errs []error
+	entries, err := os.ReadDir(o.settings.LinksDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		device, side, ok := cutLast(e.Name(), "_")
+		if !ok || desired[device] {
+			continue
+		}
+		for _, h := range hooks {
+			if h.name == side {
+				errs = append(errs, o.detach(device, h))
+			}
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("ip link list: %w", err))...)
+	}
+	for _, l := range links {
+		if l.Type() != "veth" || desired[l.Attrs().Name] {
+			continue
+		}
+		for _, h := range hooks {
+			errs = append(errs, deleteTCFilter(l.Attrs().Index, h))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func cutLast(s, sep string) (before, after string, ok bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
+}

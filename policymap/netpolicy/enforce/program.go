@@ -1,0 +1,125 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// programs holds the loaded policy programs, bound to the policy maps as
+// they are and to the pinned state maps (tracked connections, mode). They
+// are loaded again when a policy map is replaced (another ID).
+type programs struct {
+	settings Settings
+	maps     PolicyMaps
+
+	mu     sync.Mutex
+	loaded *bpf.PolicyProgram
+	ids    map[string]ebpf.MapID
+	state  []*ebpf.Map // ct, mode
+}
+
+// get returns the programs for the current policy maps.
+func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
+	maps, err := p.maps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]ebpf.MapID{}
+	for name, m := range maps {
+		info, err := m.Info()
+		if err != nil {
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+		id, _ := info.ID()
+		ids[name] = id
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.loaded != nil && sameIDs(p.ids, ids) {
+		return p.loaded, nil
+	}
+	if p.state == nil {
+		if p.state, err = p.openState(); err != nil {
+			return nil, err
+		}
+	}
+	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1]}
+	for name, m := range maps {
+		all[name] = m
+	}
+	prog, err := bpf.LoadPolicyProgram(all)
+	if err != nil {
+		return nil, err
+	}
+	// The old programs stay in the kernel while a link holds them; the
+	// links are moved to the new ones as their rows are reconciled.
+	if p.loaded != nil {
+		p.loaded.Close()
+	}
+	p.loaded, p.ids = prog, ids
+	return prog, nil
+}
+
+// openState opens the pinned connection-tracking and mode maps (made and
+// pinned the first time, kept across restarts) and writes the mode.
+func (p *programs) openState() ([]*ebpf.Map, error) {
+	ctSpec, modeSpec, err := bpf.PolicyStateSpecs()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(p.settings.GlobalsDir, 0o700); err != nil {
+		return nil, err
+	}
+	var out []*ebpf.Map
+	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec} {
+		spec.Pinning = ebpf.PinByName
+		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			// Another layout (an older agent's): start afresh.
+			os.Remove(filepath.Join(p.settings.GlobalsDir, spec.Name))
+			m, err = ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
+		}
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, fmt.Errorf("map %s pinned in %s: %w", spec.Name, p.settings.GlobalsDir, err)
+		}
+		out = append(out, m)
+	}
+	if err := bpf.SetPolicyMode(out[1], p.settings.Mode); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (p *programs) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.loaded != nil {
+		p.loaded.Close()
+	}
+	for _, m := range p.state {
+		m.Close()
+	}
+}
+
+func sameIDs(a, b map[string]ebpf.MapID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}

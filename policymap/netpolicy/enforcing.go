@@ -1,0 +1,83 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+)
+
+// EnforceCells put the programs on the pods' devices (package enforce),
+// fed from policy-endpoints and the policy maps.
+var EnforceCells = cell.Group(
+	cell.ProvidePrivate(newEnforceSettings, selectedPods, kernelPolicyMaps),
+	enforce.Cell,
+)
+
+type enforceParams struct {
+	cell.In
+
+	Policy PolicyConfig
+	Node   nodeconfig.Config
+	Maps   policymap.MapsParams
+}
+
+// newEnforceSettings: enforcement runs with network policy on kernel maps,
+// standalone; linked into Cilium, Cilium's own policy owns the pods' devices.
+func newEnforceSettings(p enforceParams) enforce.Settings {
+	mode, _ := bpf.ParsePolicyMode(p.Policy.EnforcingMode) // validated with the flags
+	s := enforce.Settings{
+		Mode:          mode,
+		Attach:        p.Policy.Attach,
+		GlobalsDir:    p.Node.GlobalsDir(),
+		LinksDir:      filepath.Join(p.Node.BPFRoot, "enimasq", "links"),
+		CheckInterval: p.Policy.AttachCheckInterval,
+	}
+	switch {
+	case !p.Policy.EnableNetworkPolicy:
+		s.Off = "network policy is disabled"
+	case p.Node.IPAM.Allocator == nodeconfig.AllocatorCilium:
+		s.Off = "linked into Cilium: Cilium enforces its own policy on the pods' devices"
+	case p.Maps.Store != nil:
+		if _, kernel := p.Maps.Store.(bpf.KernelStore); !kernel {
+			s.Off = "the policy maps are not kernel maps"
+		}
+	}
+	return s
+}
+
+// selectedPods are the pod IPs of policy-endpoints.
+func selectedPods(table statedb.Table[*PolicyEndpoint]) enforce.SelectedPods {
+	return func(txn statedb.ReadTxn) ([]netip.Addr, <-chan struct{}) {
+		pes, watch := table.AllWatch(txn)
+		var out []netip.Addr
+		for pe := range pes {
+			for _, p := range pe.Pods {
+				out = append(out, p.PodIP)
+			}
+		}
+		slices.SortFunc(out, netip.Addr.Compare)
+		return slices.Compact(out), watch
+	}
+}
+
+// kernelPolicyMaps are the policy maps the reconciler writes, once open.
+func kernelPolicyMaps(ops *policymap.Maps[*PolicyMapEntry]) enforce.PolicyMaps {
+	return func(context.Context) (map[string]*ebpf.Map, error) {
+		maps, ok := bpf.KernelMaps(ops.Opened())
+		if !ok {
+			return nil, errors.New("the policy maps are not open")
+		}
+		return maps, nil
+	}
+}
