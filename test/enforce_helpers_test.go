@@ -1,0 +1,254 @@
+package test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+
+	"github.com/enimasq/enimasq/cells/celltest"
+)
+
+// policyNode is a node for the enforcement tests: the "node" netns (where
+// the agent runs) routes between pods, each in a netns behind a veth whose
+// host side is in the node, and a peer netns on a subnet of its own.
+type policyNode struct {
+	t    *testing.T
+	Node string // named netns
+	ns   map[string]netns.NsHandle
+}
+
+const (
+	policyPeerIP = "10.0.1.2"
+	policyNodeIP = "10.0.1.1"
+	podGateway   = "169.254.1.1"
+)
+
+// policyPorts are the TCP and UDP ports every pod and the peer serve.
+var policyPorts = []int{53, 80, 81, 82, 83, 443, 8080}
+
+func newPolicyNode(t *testing.T) *policyNode {
+	t.Helper()
+	celltest.RequireRoot(t)
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	n := &policyNode{t: t, Node: "enq-pnode-" + hex.EncodeToString(suffix), ns: map[string]netns.NsHandle{}}
+	n.addNS(n.Node)
+	run(t, "ip", "netns", "exec", n.Node, "sysctl", "-qw", "net.ipv4.ip_forward=1",
+		"net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+		"net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	peer := n.Node + "-peer"
+	n.addNS(peer)
+	run(t, "ip", "-n", n.Node, "link", "add", "peer0", "type", "veth", "peer", "name", "eth0", "netns", peer)
+	run(t, "ip", "-n", n.Node, "addr", "add", policyNodeIP+"/24", "dev", "peer0")
+	run(t, "ip", "-n", n.Node, "link", "set", "peer0", "up")
+	run(t, "ip", "-n", peer, "addr", "add", policyPeerIP+"/24", "dev", "eth0")
+	run(t, "ip", "-n", peer, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", peer, "route", "add", "default", "via", policyNodeIP)
+	n.serve(peer, policyPeerIP)
+	return n
+}
+
+func (n *policyNode) addNS(name string) {
+	n.t.Helper()
+	run(n.t, "ip", "netns", "add", name)
+	n.t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { ns.Close() })
+	n.ns[name] = ns
+	run(n.t, "ip", "-n", name, "link", "set", "lo", "up")
+}
+
+// addPod makes a pod netns with ip behind the host-side veth device, as a
+// CNI does: a /32 on the pod's eth0, the default route via a link-local
+// gateway the host side owns, and the node's host route to the pod.
+func (n *policyNode) addPod(name, device, ip string) {
+	n.t.Helper()
+	pod := n.Node + "-" + name
+	n.addNS(pod)
+	n.wirePod(pod, device, ip)
+	n.serve(pod, ip)
+}
+
+func (n *policyNode) wirePod(pod, device, ip string) {
+	n.t.Helper()
+	run(n.t, "ip", "-n", n.Node, "link", "add", device, "type", "veth", "peer", "name", "eth0", "netns", pod)
+	run(n.t, "ip", "-n", n.Node, "addr", "add", podGateway+"/32", "dev", device)
+	run(n.t, "ip", "-n", n.Node, "link", "set", device, "up")
+	run(n.t, "ip", "-n", n.Node, "route", "add", ip+"/32", "dev", device, "scope", "link")
+	run(n.t, "ip", "-n", pod, "addr", "add", ip+"/32", "dev", "eth0")
+	run(n.t, "ip", "-n", pod, "link", "set", "eth0", "up")
+	run(n.t, "ip", "-n", pod, "route", "add", podGateway, "dev", "eth0", "scope", "link")
+	run(n.t, "ip", "-n", pod, "route", "add", "default", "via", podGateway, "dev", "eth0")
+}
+
+// recreatePod deletes the pod's host-side device (its routes go with it)
+// and makes it again, as a CNI does for a re-created sandbox.
+func (n *policyNode) recreatePod(name, device, ip string) {
+	n.t.Helper()
+	run(n.t, "ip", "-n", n.Node, "link", "del", device)
+	n.wirePod(n.Node+"-"+name, device, ip)
+}
+
+// inNS runs f on a thread in ns; sockets made there stay in ns.
+func inNS(ns netns.NsHandle, f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	defer netns.Set(orig)
+	return f()
+}
+
+// serve answers on every policy port of ip in the netns: TCP with "ok"
+// and the connection closed, UDP by echoing.
+func (n *policyNode) serve(name, ip string) {
+	n.t.Helper()
+	err := inNS(n.ns[name], func() error {
+		for _, port := range policyPorts {
+			addr := net.JoinHostPort(ip, strconv.Itoa(port))
+			l, err := net.Listen("tcp4", addr)
+			if err != nil {
+				return err
+			}
+			n.t.Cleanup(func() { l.Close() })
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Write([]byte("ok"))
+					c.Close()
+				}
+			}()
+			u, err := net.ListenPacket("udp4", addr)
+			if err != nil {
+				return err
+			}
+			n.t.Cleanup(func() { u.Close() })
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					k, from, err := u.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					u.WriteTo(buf[:k], from)
+				}
+			}()
+		}
+		return nil
+	})
+	if err != nil {
+		n.t.Fatalf("serve in %s: %s", name, err)
+	}
+}
+
+// probeTimeout is how long a probe waits for its answer: a denied packet
+// is dropped, so a probe that times out was denied.
+const probeTimeout = 400 * time.Millisecond
+
+// connect says whether a TCP connection from the netns to dst:port gets
+// the server's answer (the SYN, the SYN-ACK and the data all pass).
+func (n *policyNode) connect(from, dst string, port int) bool {
+	var ok bool
+	inNS(n.ns[from], func() error {
+		c, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, strconv.Itoa(port)), probeTimeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(probeTimeout))
+		buf := make([]byte, 2)
+		_, err = c.Read(buf)
+		ok = err == nil && string(buf) == "ok"
+		return nil
+	})
+	return ok
+}
+
+// udp says whether a datagram from the netns to dst:port gets its echo.
+func (n *policyNode) udp(from, dst string, port int) bool {
+	var ok bool
+	inNS(n.ns[from], func() error {
+		c, err := net.Dial("udp4", net.JoinHostPort(dst, strconv.Itoa(port)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(probeTimeout))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 8)
+		k, err := c.Read(buf)
+		ok = err == nil && string(buf[:k]) == "ping"
+		return nil
+	})
+	return ok
+}
+
+// ping says whether an ICMP echo request from the netns to dst is answered.
+func (n *policyNode) ping(from, dst string) bool {
+	var ok bool
+	err := inNS(n.ns[from], func() error {
+		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		id := int(time.Now().UnixNano() & 0xffff)
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("enimasq")}}
+		b, _ := msg.Marshal(nil)
+		if _, err := c.WriteTo(b, &net.IPAddr{IP: net.ParseIP(dst)}); err != nil {
+			return err
+		}
+		c.SetDeadline(time.Now().Add(probeTimeout))
+		buf := make([]byte, 1500)
+		for {
+			k, peer, err := c.ReadFrom(buf)
+			if err != nil {
+				return nil
+			}
+			m, err := icmp.ParseMessage(1, buf[:k])
+			if err != nil || peer.String() != dst || m.Type != ipv4.ICMPTypeEchoReply {
+				continue
+			}
+			if e, isEcho := m.Body.(*icmp.Echo); isEcho && e.ID == id {
+				ok = true
+				return nil
+			}
+		}
+	})
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		n.t.Fatalf("ping from %s: %s", from, err)
+	}
+	return ok
+}
+
+// podNS names a pod's netns.
+func (n *policyNode) podNS(pod string) string { return n.Node + "-" + pod }
+
+func (n *policyNode) peerNS() string { return n.Node + "-peer" }
+
+func (n *policyNode) String() string { return fmt.Sprintf("node %s", n.Node) }
