@@ -291,3 +291,36 @@ func TestPrivilegedNetworkPolicyEnforcementSurvives(t *testing.T) {
 	}
 	enforcingWithin("after the restart", time.Second)
 }
+
+// In strict mode a pod that no policy selects has no traffic, and one
+// whose policy is in the kernel has what its policy allows.
+func TestPrivilegedNetworkPolicyStrictMode(t *testing.T) {
+	node := newPolicyNode(t)
+	node.addPod("a", "enim1a1a1a1a", podA)
+	node.addPod("b", "enim2b2b2b2b", podB)
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	WriteFileAtomic(t, filepath.Join(dir, "b.yaml"), policyEndpoint("b", podB, []string{"Ingress"},
+		[]peRule{{cidr: policyPeerIP + "/32", ports: []string{"TCP 80"}}}, nil))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false",
+		"--network-policy-enforcing-mode=strict")
+	a.Start()
+	a.WaitHealthy()
+	a.WaitFor("both pods' devices carry the programs", func() bool {
+		rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
+		return strings.Count(rows, "Done") == 2
+	})
+	if node.connect(node.peerNS(), podA, 80) || node.connect(node.podNS("a"), policyPeerIP, 80) {
+		t.Error("strict mode: pod a, which no policy selects, has traffic")
+	}
+	if !node.connect(node.peerNS(), podB, 80) {
+		t.Error("strict mode: pod b's policy allows TCP 80 from the peer")
+	}
+	if node.connect(node.peerNS(), podB, 81) {
+		t.Error("strict mode: pod b's policy allows only TCP 80")
+	}
+	if !node.connect(node.podNS("b"), policyPeerIP, 443) {
+		t.Error("strict mode: pod b's egress is not isolated by its policy")
+	}
+}
