@@ -324,3 +324,40 @@ func TestPrivilegedNetworkPolicyStrictMode(t *testing.T) {
 		t.Error("strict mode: pod b's egress is not isolated by its policy")
 	}
 }
+
+// Where the kernel has no tcx, the programs are tc filters on a clsact
+// qdisc (--network-policy-attach=tc here): enforcing, and put back when
+// someone deletes them.
+func TestPrivilegedNetworkPolicyTCFallback(t *testing.T) {
+	node := newPolicyNode(t)
+	const device = "enim3c3c3c3c"
+	node.addPod("a", device, podA)
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false",
+		"--network-policy-attach=tc")
+	a.Start()
+	a.WaitHealthy()
+	a.WaitFor("the pod's device carries the programs", func() bool {
+		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done")
+	})
+	if out := run(t, "ip", "netns", "exec", node.Node, "tc", "filter", "show", "dev", device, "egress"); !strings.Contains(out, "enimasq-policy") {
+		t.Fatalf("no enimasq tc filter on the egress of %s:\n%s", device, out)
+	}
+	if node.connect(node.peerNS(), podA, 80) {
+		t.Fatal("the pod is reached: its ingress is isolated")
+	}
+	if !node.connect(node.podNS("a"), policyPeerIP, 80) {
+		t.Fatal("the pod cannot reach the peer (the reply is tracked)")
+	}
+	run(t, "ip", "netns", "exec", node.Node, "tc", "filter", "del", "dev", device, "egress")
+	start := time.Now()
+	for node.connect(node.peerNS(), podA, 80) {
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("the tc filter deleted by hand is not back after 2 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
