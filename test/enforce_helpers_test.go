@@ -166,7 +166,7 @@ func (n *policyNode) serve(name, ip string) {
 
 // probeTimeout is how long a probe waits for its answer: a denied packet
 // is dropped, so a probe that times out was denied.
-const probeTimeout = 400 * time.Millisecond
+const probeTimeout = 250 * time.Millisecond
 
 // connect says whether a TCP connection from the netns to dst:port gets
 // the server's answer (the SYN, the SYN-ACK and the data all pass).
