@@ -108,6 +108,11 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 		}
 		m := maps[name]
 		if m == nil {
+			if name == PolicyCTMapName {
+				// A scratch map, emptied after each run: one entry is
+				// all a run writes (and an LRU hash is preallocated).
+				ms.MaxEntries = 1
+			}
 			if m, err = newUnpinnedMap(ms); err != nil {
 				p.Close()
 				return nil, fmt.Errorf("placeholder map %s: %w", name, err)

@@ -207,7 +207,7 @@ func TestPrivilegedNetworkPolicyIsEnforced(t *testing.T) {
 	}
 	verdict := func(p probe) string {
 		pod, peer := podA, policyPeerIP
-		args := []string{"policy", "verdict", "--pod", pod, "--direction", p.dir, "--peer", peer, "--proto", p.proto}
+		args := []string{"policy", "verdict", "--bpf-root", a.BPFRoot, "--pod", pod, "--direction", p.dir, "--peer", peer, "--proto", p.proto}
 		if p.proto != "icmp" {
 			args = append(args, "--port", fmt.Sprint(p.port))
 		}
