@@ -1,16 +1,22 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/cilium/ebpf"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/test/k8stest"
 )
 
@@ -45,7 +51,8 @@ spec:
 
 // The 50k-rule benchmark: 50,000 egress rules for one pod in 10
 // PolicyEndpoints of 5,000, written at once, then a one-rule PolicyEndpoint
-// for another pod. load-ms is the time from the first write until the
+// for another pod (the 10 written concurrently, the one after them).
+// load-ms is the time from the first write until the
 // kernel map holds both the last big rule and the one-rule policy (read
 // from the pinned map, as the verdict program reads it); the verdict
 // program is checked on both at the end. The target: 1 s.
@@ -68,10 +75,13 @@ func BenchmarkProcessPolicy50kRules(b *testing.B) {
 }
 
 // BenchmarkProcessPolicy50kRulesFromAPIServer creates them in the API
-// server, as the AWS network policy controller does.
+// server, as the AWS network policy controller does (a create each,
+// concurrently). written-ms is how long the API server took to take them.
 func BenchmarkProcessPolicy50kRulesFromAPIServer(b *testing.B) {
 	c := k8stest.Start(b)
 	c.ApplyFile(b, filepath.Join("testdata", "samples", "ciliumnode.yaml"))
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "bench"}}}
+	c.MustApply(b, ns)
 	benchPolicyRules(b, func(b *testing.B, a *Agent) func(name, content string) {
 		a.HostNetwork = true // the API server listens on this netns's loopback
 		a.Args = append(a.Args, "--k8s-kubeconfig-path", c.Kubeconfig, "--k8s-node-name", "ip-10-130-0-10.ec2.internal")
@@ -80,7 +90,11 @@ func BenchmarkProcessPolicy50kRulesFromAPIServer(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c.MustApply(b, objs...)
+			for _, obj := range objs {
+				if _, err := c.Dynamic().Resource(k8sclient.PolicyEndpoints).Namespace("bench").Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
 		}
 	})
 }
@@ -98,7 +112,7 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 	lastPeer := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.%d/32", rulesFiles-1, (rulesPerFile-1)>>8, (rulesPerFile-1)&0xff))
 	lastPort := uint16(1000 + (rulesPerFile-1)%60000)
 	onePeer := netip.MustParsePrefix("10.99.0.0/32")
-	var load float64
+	var load, written float64
 	for i := range b.N {
 		a := NewAgent(b)
 		a.Args = append(a.Args, "--enable-network-policy", "--policy-map-max-entries", "262144")
@@ -121,10 +135,15 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 			return err == nil && v.Match(bpf.ProtocolTCP, port, true) >= 0
 		}
 		start := time.Now()
+		var wg sync.WaitGroup
 		for f := range rulesFiles {
-			write(fmt.Sprintf("rules-%d-%d", i, f), strings.ReplaceAll(contents[f], "name: rules-", fmt.Sprintf("name: rules-%d-", i)))
+			wg.Go(func() {
+				write(fmt.Sprintf("rules-%d-%d", i, f), strings.ReplaceAll(contents[f], "name: rules-", fmt.Sprintf("name: rules-%d-", i)))
+			})
 		}
+		wg.Wait()
 		write(fmt.Sprintf("one-%d", i), strings.ReplaceAll(one, "name: rules-", fmt.Sprintf("name: rules-%d-", i)))
+		written = max(written, float64(time.Since(start).Microseconds())/1e3)
 		for !allows(rulesPod, lastPeer, lastPort) || !allows(rulesOtherPod, onePeer, 1000) {
 			if time.Since(start) > time.Minute {
 				b.Fatal("the rules are not in the map after a minute")
@@ -145,5 +164,6 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 		a.Stop()
 	}
 	b.ReportMetric(load, "load-ms")
+	b.ReportMetric(written, "written-ms")
 	b.ReportMetric(float64(size)/(1<<20), "files-MB")
 }
