@@ -2,7 +2,9 @@ package test
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -331,6 +333,16 @@ func TestPrivilegedNetworkPolicyEnforcementSurvives(t *testing.T) {
 		t.Errorf("%d connections the policy denies passed during the restart", n)
 	}
 	enforcingWithin("after the restart", time.Second)
+
+	// Network policy turned off: the next start takes the programs off.
+	a.Kill9()
+	a.Args = slices.DeleteFunc(a.Args, func(arg string) bool { return arg == "--enable-network-policy" })
+	a.StartInNetNS(ns)
+	a.WaitHealthy()
+	a.WaitFor("the pod reached again", reached)
+	if entries, _ := os.ReadDir(filepath.Join(a.BPFRoot, "enimasq", "links")); len(entries) > 0 {
+		t.Errorf("pinned links left with network policy off: %v", entries)
+	}
 }
 
 // In strict mode a pod that no policy selects has no traffic, and one

@@ -45,7 +45,7 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:
-		s.Off = "network policy is disabled"
+		s.Off, s.RemoveWhenOff = "network policy is disabled", true
 	case p.Node.IPAM.Allocator == nodeconfig.AllocatorCilium:
 		s.Off = "linked into Cilium: Cilium enforces its own policy on the pods' devices"
 	case p.Maps.Store != nil:

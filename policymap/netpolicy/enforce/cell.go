@@ -39,6 +39,16 @@ func register(p params) error {
 	if p.Settings.Off != "" {
 		initDone(wtxn)
 		wtxn.Commit()
+		if p.Settings.RemoveWhenOff {
+			// Programs of an earlier run stay on the devices across
+			// restarts: with enforcement off, they go.
+			p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+				if err := removeAll(p.Settings.LinksDir); err != nil {
+					p.Log.Warn("Could not take enimasq's policy programs off the pods' devices", "error", err)
+				}
+				return nil
+			}})
+		}
 		return nil
 	}
 	wtxn.Commit()

@@ -20,8 +20,10 @@ const (
 
 // Settings are what the enforcement takes (the flags are netpolicy's).
 type Settings struct {
-	// Off, when set, says why nothing is attached.
-	Off string
+	// Off, when set, says why nothing is attached; with RemoveWhenOff,
+	// what an earlier run attached is taken off at start.
+	Off           string
+	RemoveWhenOff bool
 	// Mode is the enforcing mode: strict attaches to every pod device and
 	// denies a pod no policy selects.
 	Mode bpf.PolicyMode

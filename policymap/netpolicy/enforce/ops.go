@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -40,6 +41,9 @@ type ops struct {
 	log      *slog.Logger
 	settings Settings
 	progs    *programs
+	// usedTC is set once a tc filter was written: only then does pruning
+	// look at the devices' filters (a tcx node has none of enimasq's).
+	usedTC atomic.Bool
 }
 
 func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
@@ -140,6 +144,7 @@ func (o *ops) attachedTCX(l link.Link, a *Attachment, h hook, prog *ebpf.Program
 // attachTC keeps a direct-action bpf filter of prog on the device's clsact
 // qdisc (kernels without tcx). Filters stay in the kernel across restarts.
 func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
+	o.usedTC.Store(true)
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: a.Ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
@@ -222,12 +227,22 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Att
 			}
 		}
 	}
+	if o.usedTC.Load() || o.settings.Attach == AttachTC {
+		errs = append(errs, deleteTCFilters(desired))
+	}
+	return errors.Join(errs...)
+}
+
+// deleteTCFilters deletes enimasq's tc filters from the veths that keep
+// is false for.
+func deleteTCFilters(keep map[string]bool) error {
 	links, err := netlink.LinkList()
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("ip link list: %w", err))...)
+		return fmt.Errorf("ip link list: %w", err)
 	}
+	var errs []error
 	for _, l := range links {
-		if l.Type() != "veth" || desired[l.Attrs().Name] {
+		if l.Type() != "veth" || keep[l.Attrs().Name] {
 			continue
 		}
 		for _, h := range hooks {
@@ -235,6 +250,16 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Att
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeAll takes every program of enimasq off the pods' devices: its
+// pinned links and its tc filters (network policy turned off).
+func removeAll(linksDir string) error {
+	errs := []error{os.RemoveAll(linksDir)}
+	if _, err := os.Stat(linksDir); err == nil {
+		errs = append(errs, fmt.Errorf("%s is still there", linksDir))
+	}
+	return errors.Join(append(errs, deleteTCFilters(nil))...)
 }
 
 func cutLast(s, sep string) (before, after string, ok bool) {
