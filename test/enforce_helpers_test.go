@@ -115,7 +115,11 @@ func inNS(ns netns.NsHandle, f func() error) error {
 	if err := netns.Set(ns); err != nil {
 		return err
 	}
-	defer netns.Set(orig)
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("cannot return to the test's netns: %s", err))
+		}
+	}()
 	return f()
 }
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -173,28 +172,18 @@ func (topo *vpcTopology) probe(podNS, dst string, n int) map[int]uint64 {
 }
 
 // sendUDPFrom sends n datagrams to dst:9 from a socket made in the named
-// netns (on a locked thread that returns to its own netns afterwards).
+// netns (inNS).
 func sendUDPFrom(nsName, dst string, n int) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
 	target, err := netns.GetFromName(nsName)
 	if err != nil {
 		return err
 	}
 	defer target.Close()
-	if err := netns.Set(target); err != nil {
+	var conn net.Conn
+	if err := inNS(target, func() (err error) {
+		conn, err = net.Dial("udp4", net.JoinHostPort(dst, "9"))
 		return err
-	}
-	conn, err := net.Dial("udp4", net.JoinHostPort(dst, "9"))
-	if setErr := netns.Set(orig); setErr != nil {
-		panic(fmt.Sprintf("cannot return to the test's netns: %s", setErr))
-	}
-	if err != nil {
+	}); err != nil {
 		return fmt.Errorf("udp socket in %s: %w", nsName, err)
 	}
 	defer conn.Close()

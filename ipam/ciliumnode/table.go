@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/index"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // TableName is the name of the enis table.
@@ -124,15 +124,7 @@ func joinPrefixes(ps []netip.Prefix) string {
 }
 
 // ENIIDIndex is the primary index of enis.
-var ENIIDIndex = statedb.Index[*ENI, string]{
-	Name: "id",
-	FromObject: func(e *ENI) index.KeySet {
-		return index.NewKeySet(index.String(e.ID))
-	},
-	FromKey:    index.String,
-	FromString: index.FromString,
-	Unique:     true,
-}
+var ENIIDIndex = tablesync.StringIndex("id", func(e *ENI) string { return e.ID })
 
 // NewTable creates and registers the enis table.
 func NewTable(db *statedb.DB) (statedb.RWTable[*ENI], error) {

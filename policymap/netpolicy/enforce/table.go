@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // TableName is the name of the attachments table.
@@ -52,15 +52,7 @@ func (a *Attachment) TableRow() []string {
 }
 
 // DeviceIndex is the primary index: the device's name.
-var DeviceIndex = statedb.Index[*Attachment, string]{
-	Name: "device",
-	FromObject: func(a *Attachment) index.KeySet {
-		return index.NewKeySet(index.String(a.Device))
-	},
-	FromKey:    index.String,
-	FromString: index.FromString,
-	Unique:     true,
-}
+var DeviceIndex = tablesync.StringIndex("device", func(a *Attachment) string { return a.Device })
 
 // NewTable creates and registers the attachments table.
 func NewTable(db *statedb.DB) (statedb.RWTable[*Attachment], error) {
