@@ -22,6 +22,9 @@ func ToJSON(data []byte) ([]byte, error) {
 	if err := OneDocument(data); err != nil {
 		return nil, err
 	}
+	if js, ok := blockToJSON(data); ok {
+		return js, nil
+	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		// Name the fault from the document itself, not from the error's
