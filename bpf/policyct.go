@@ -76,7 +76,8 @@ func PolicyConnections(m *ebpf.Map) (int, error) {
 		next = make([]byte, m.KeySize())
 	)
 	var cursor any // nil: the first key
-	for {
+	// A deleted or evicted cursor restarts the walk: it is bounded.
+	for range m.MaxEntries() + 1 {
 		if err := m.NextKey(cursor, next); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return n, nil
@@ -87,6 +88,7 @@ func PolicyConnections(m *ebpf.Map) (int, error) {
 		copy(key, next)
 		cursor = key
 	}
+	return n, fmt.Errorf("the map changed while its connections were counted")
 }
 
 // icmpEcho is an ICMP (ICMPv6) echo request header with identifier id.

@@ -107,4 +107,12 @@ func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
 	}
 	want("no policy, strict", run(Egress, frame(nobody, peer, ProtocolTCP, 40002, 443)), false, PolicyStrict)
 	want("a policy, strict", run(Egress, frame(pod, peer, ProtocolTCP, 40003, 80)), true, PolicyAllowed)
+
+	// IPv6 neighbour discovery passes in strict mode: IPv6 needs it, from
+	// link-local addresses no policy names.
+	ns := frame(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("ff02::1:ff00:5"), protocolICMPv6, 0, 0)
+	ns[14+40] = 135 // neighbour solicitation
+	want("neighbour solicitation, strict", run(Egress, ns), true, PolicyNeighbor)
+	echo := frame(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2"), protocolICMPv6, 9, 0)
+	want("an echo from a link-local address, strict", run(Egress, echo), false, PolicyStrict)
 }

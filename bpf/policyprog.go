@@ -29,6 +29,8 @@ const (
 	PolicyTracked PolicyReason = 5
 	// PolicyStrict: no policy selects the pod and the mode is strict.
 	PolicyStrict PolicyReason = 6
+	// PolicyNeighbor: IPv6 router or neighbour discovery, passed.
+	PolicyNeighbor PolicyReason = 7
 )
 
 func (r PolicyReason) String() string {
@@ -45,6 +47,8 @@ func (r PolicyReason) String() string {
 		return "a connection the policy allowed"
 	case PolicyStrict:
 		return "no policy selects the pod (strict mode)"
+	case PolicyNeighbor:
+		return "IPv6 neighbour discovery"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}
@@ -56,10 +60,12 @@ const (
 	protocolICMPv6 = 58
 )
 
-// tc verdicts of the policy programs.
+// tc verdicts of the policy programs: an allowed packet goes on to the
+// device's next program (TC_ACT_UNSPEC, tcx's TCX_NEXT), a denied one is
+// dropped.
 const (
-	tcActOK   = 0
-	tcActShot = 2
+	tcActUnspec = 0xffffffff // -1
+	tcActShot   = 2
 )
 
 // PolicyResult is the verdict of the policy program on one packet.
@@ -162,7 +168,7 @@ func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 		res.PortEntry = int(idx)
 	}
 	switch ret {
-	case tcActOK:
+	case tcActUnspec:
 		res.Allow = true
 	case tcActShot:
 	default:

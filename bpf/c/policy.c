@@ -11,7 +11,8 @@
 //
 // policy_egress treats the packet's source as the pod and its destination as
 // the peer; policy_ingress the other way round. Both match the destination
-// port. They return TC_ACT_OK (allow) or TC_ACT_SHOT (deny) and leave the
+// port. They return TC_ACT_UNSPEC (allow: the next program or filter of
+// the device runs, as tcx's TCX_NEXT) or TC_ACT_SHOT (deny) and leave the
 // reason in skb->cb[0] and the index of the deciding port entry in
 // skb->cb[1] (BPF_PROG_TEST_RUN hands cb back, which is how tests and
 // enimasq-dbg explain a verdict).
@@ -45,6 +46,10 @@
 #define REASON_NOT_IP 4    /* not IPv4 or IPv6, or a truncated IP header: passed */
 #define REASON_TRACKED 5   /* a packet of a connection the policy allowed */
 #define REASON_STRICT 6    /* no policy selects the pod, and the mode is strict */
+#define REASON_NEIGHBOR 7  /* IPv6 router and neighbour discovery: passed */
+
+/* An allowed packet goes on to whatever else runs on the device. */
+#define VERDICT_PASS TC_ACT_UNSPEC
 
 #define MODE_STRICT 1
 
@@ -252,7 +257,7 @@ static __always_inline int decide(struct __sk_buff *skb, const struct policy_val
 			return TC_ACT_SHOT;
 		}
 		skb->cb[0] = REASON_NO_POLICY;
-		return TC_ACT_OK;
+		return VERDICT_PASS;
 	}
 	for (__u32 i = 0; i < POLICY_MAX_PORT_ENTRIES; i++) {
 		const struct port_entry *e = &v->entries[i];
@@ -262,7 +267,7 @@ static __always_inline int decide(struct __sk_buff *skb, const struct policy_val
 		if (port_entry_allows(e, f)) {
 			skb->cb[0] = REASON_ALLOWED;
 			skb->cb[1] = i;
-			return TC_ACT_OK;
+			return VERDICT_PASS;
 		}
 	}
 	skb->cb[0] = REASON_DENIED;
@@ -279,10 +284,10 @@ static __always_inline int decide_tracked(struct __sk_buff *skb, const struct po
 	ct_key_of(ct, f, egress);
 	if (tracked(ct, f)) {
 		skb->cb[0] = REASON_TRACKED;
-		return TC_ACT_OK;
+		return VERDICT_PASS;
 	}
 	ret = decide(skb, v, f);
-	if (ret == TC_ACT_OK && skb->cb[0] == REASON_ALLOWED)
+	if (ret == VERDICT_PASS && skb->cb[0] == REASON_ALLOWED)
 		track(ct, f, egress);
 	return ret;
 }
@@ -298,14 +303,14 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 	skb->cb[0] = REASON_NOT_IP;
 	skb->cb[1] = NO_PORT_ENTRY;
 	if ((void *)(eth + 1) > data_end)
-		return TC_ACT_OK;
+		return VERDICT_PASS;
 
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip4 = (void *)(eth + 1);
 		struct policy_v4_key key = { .prefixlen = 64 };
 
 		if ((void *)(ip4 + 1) > data_end || ip4->ihl < 5)
-			return TC_ACT_OK;
+			return VERDICT_PASS;
 		f.protocol = ip4->protocol;
 		/* Only the first fragment carries the ports. */
 		if ((ip4->frag_off & bpf_htons(0x1fff)) == 0)
@@ -322,7 +327,19 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		struct policy_v6_key key = { .prefixlen = 256 };
 
 		if ((void *)(ip6 + 1) > data_end)
-			return TC_ACT_OK;
+			return VERDICT_PASS;
+		if (ip6->nexthdr == IPPROTO_ICMPV6) {
+			__u8 *type = (void *)(ip6 + 1);
+
+			/* Router solicitation and advertisement, neighbour
+			 * solicitation and advertisement, redirect: what IPv6
+			 * needs to work at all, from link-local addresses no
+			 * policy names. */
+			if ((void *)(type + 1) <= data_end && *type >= 133 && *type <= 137) {
+				skb->cb[0] = REASON_NEIGHBOR;
+				return VERDICT_PASS;
+			}
+		}
 		/* Extension headers are not walked: behind one, the port is
 		 * unknown and only any-port entries match. */
 		f.protocol = ip6->nexthdr;
@@ -334,7 +351,7 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		ct.family = 6;
 		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f, &ct, egress);
 	}
-	return TC_ACT_OK;
+	return VERDICT_PASS;
 }
 
 SEC("tc")

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	stdmaps "maps"
 	"net/http"
 	"net/netip"
 	"os"
@@ -114,7 +115,17 @@ func policyCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer closeMaps(maps)
-			prog, err := bpf.LoadPolicyProgram(maps)
+			// The node's enforcing mode, so that the verdict is the
+			// kernel's; the tracked connections are not used: a verdict
+			// is the policy's for a new connection.
+			withMode := maps
+			mode := filepath.Join(bpf.GlobalsDir(bpfRootOf(o)), bpf.PolicyModeMapName)
+			if m, err := ebpf.LoadPinnedMap(mode, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
+				defer m.Close()
+				withMode = stdmaps.Clone(maps)
+				withMode[bpf.PolicyModeMapName] = m
+			}
+			prog, err := bpf.LoadPolicyProgram(withMode)
 			if err != nil {
 				return err
 			}

@@ -58,7 +58,10 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 
 // selectedPods are the pod IPs of policy-endpoints.
 func selectedPods(table statedb.Table[*PolicyEndpoint]) enforce.SelectedPods {
-	return func(txn statedb.ReadTxn) ([]netip.Addr, <-chan struct{}) {
+	return func(txn statedb.ReadTxn) ([]netip.Addr, bool, <-chan struct{}) {
+		if ok, initWatch := table.Initialized(txn); !ok {
+			return nil, false, initWatch
+		}
 		pes, watch := table.AllWatch(txn)
 		var out []netip.Addr
 		for pe := range pes {
@@ -67,7 +70,7 @@ func selectedPods(table statedb.Table[*PolicyEndpoint]) enforce.SelectedPods {
 			}
 		}
 		slices.SortFunc(out, netip.Addr.Compare)
-		return slices.Compact(out), watch
+		return slices.Compact(out), true, watch
 	}
 }
 

@@ -53,7 +53,15 @@ func register(p params) error {
 	}
 	wtxn.Commit()
 	progs := &programs{settings: p.Settings, maps: p.Maps}
-	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { progs.close(); return nil }})
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			if err := progs.start(); err != nil {
+				p.Log.Warn("Could not set the policy programs' mode yet", "error", err)
+			}
+			return nil
+		},
+		OnStop: func(cell.HookContext) error { progs.close(); return nil },
+	})
 	d := &deriver{log: p.Log, db: p.DB, table: p.Table, pods: p.Pods, settings: p.Settings, initDone: initDone}
 	p.Jobs.Add(job.OneShot("derive-policy-attachments", d.run))
 	_, err := reconciler.Register(

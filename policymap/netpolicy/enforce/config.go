@@ -37,9 +37,11 @@ type Settings struct {
 	CheckInterval time.Duration
 }
 
-// SelectedPods returns the pod IPs the policies select, and a channel
-// closed when they change.
-type SelectedPods func(txn statedb.ReadTxn) ([]netip.Addr, <-chan struct{})
+// SelectedPods returns the pod IPs the policies select, whether the
+// policies are all read yet (until they are, nothing is attached or
+// pruned: a restart keeps enforcing), and a channel closed when either
+// changes.
+type SelectedPods func(txn statedb.ReadTxn) (pods []netip.Addr, initialized bool, changed <-chan struct{})
 
 // PolicyMaps returns the kernel policy maps by name (bpf.PolicyMapNames),
 // once they are open.

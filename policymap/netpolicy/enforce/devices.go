@@ -51,18 +51,23 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 		return fmt.Errorf("subscribe to route changes: %w", err)
 	}
 	go func() {
-		for {
+		// Drain both subscriptions until done; one that ends (its socket
+		// failed) is left to the periodic derive.
+		links, routes := links, routes
+		for links != nil || routes != nil {
 			select {
 			case <-done:
 				return
 			case _, ok := <-links:
 				if !ok {
-					return
+					links = nil
+					continue
 				}
 				notify()
 			case _, ok := <-routes:
 				if !ok {
-					return
+					routes = nil
+					continue
 				}
 				notify()
 			}
@@ -71,7 +76,18 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 
 	for {
 		txn := d.db.ReadTxn()
-		pods, watch := d.pods(txn)
+		pods, initialized, watch := d.pods(txn)
+		if !initialized {
+			// The policies are not read yet: the attachments of an earlier
+			// run stay as they are (nothing is pruned) until they are.
+			health.OK("waiting for the PolicyEndpoints")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-watch:
+			}
+			continue
+		}
 		rows, err := d.desired(pods)
 		if err != nil {
 			health.Degraded("listing the pods' devices", err)

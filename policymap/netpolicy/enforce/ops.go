@@ -33,17 +33,67 @@ var hooks = []hook{
 	{name: "egress", tcx: ebpf.AttachTCXEgress, parent: netlink.HANDLE_MIN_EGRESS},
 }
 
-// tcFilterName names enimasq's tc filters (the tc fallback).
-const tcFilterName = "enimasq-policy"
+// tcFilterName names enimasq's tc filters (the tc fallback), at a priority
+// of their own (other writers take 1).
+const (
+	tcFilterName = "enimasq-policy"
+	tcPriority   = 0x3e57
+)
+
+// requireClsact checks that the device's ingress qdisc is a clsact: a plain
+// ingress qdisc (the bandwidth plugin's) has one hook for both directions.
+func requireClsact(ifindex int) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	qdiscs, err := netlink.QdiscList(l)
+	if err != nil {
+		return fmt.Errorf("tc qdisc list: %w", err)
+	}
+	for _, q := range qdiscs {
+		if q.Attrs().Parent == netlink.HANDLE_CLSACT || q.Attrs().Parent == netlink.HANDLE_INGRESS {
+			if q.Type() != "clsact" {
+				return fmt.Errorf("the device has a %s qdisc, not clsact: the programs need both of clsact's hooks", q.Type())
+			}
+		}
+	}
+	return nil
+}
+
+// notOthersFilter refuses to replace another writer's filter at enimasq's
+// priority and handle.
+func notOthersFilter(ifindex int, h hook) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	filters, err := netlink.FilterList(l, h.parent)
+	if err != nil {
+		return nil // no filters yet
+	}
+	for _, f := range filters {
+		a := f.Attrs()
+		if a.Priority != tcPriority || a.Handle != 1 {
+			continue
+		}
+		if bf, ok := f.(*netlink.BpfFilter); !ok || bf.Name != tcFilterName {
+			return fmt.Errorf("another writer's tc filter is at priority %#x, handle 1 on the %s: not replaced", tcPriority, h.name)
+		}
+	}
+	return nil
+}
 
 // ops reconciles policy-attachments with the kernel.
 type ops struct {
 	log      *slog.Logger
 	settings Settings
 	progs    *programs
-	// usedTC is set once a tc filter was written: only then does pruning
-	// look at the devices' filters (a tcx node has none of enimasq's).
+	// usedTC is set once a tc filter was written, and until the first
+	// prune (filters an earlier run left): only then does pruning look at
+	// the devices' filters (a tcx node has none of enimasq's).
 	usedTC atomic.Bool
+	pruned atomic.Bool
 }
 
 func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
@@ -149,14 +199,22 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: a.Ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
 	}
-	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := netlink.QdiscAdd(qdisc); errors.Is(err, unix.EEXIST) {
+		// Another writer's qdisc: only clsact has both hooks.
+		if err := requireClsact(a.Ifindex); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return fmt.Errorf("add the clsact qdisc: %w", err)
 	}
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: a.Ifindex, Parent: h.parent, Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL,
+			LinkIndex: a.Ifindex, Parent: h.parent, Handle: 1, Priority: tcPriority, Protocol: unix.ETH_P_ALL,
 		},
 		Fd: prog.FD(), Name: tcFilterName, DirectAction: true,
+	}
+	if err := notOthersFilter(a.Ifindex, h); err != nil {
+		return err
 	}
 	if err := netlink.FilterReplace(filter); err != nil {
 		return fmt.Errorf("tc filter replace: %w", err)
@@ -227,7 +285,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Att
 			}
 		}
 	}
-	if o.usedTC.Load() || o.settings.Attach == AttachTC {
+	if o.usedTC.Load() || o.settings.Attach == AttachTC || !o.pruned.Swap(true) {
 		errs = append(errs, deleteTCFilters(desired))
 	}
 	return errors.Join(errs...)

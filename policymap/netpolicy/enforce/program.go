@@ -96,9 +96,29 @@ func (p *programs) openState() ([]*ebpf.Map, error) {
 		out = append(out, m)
 	}
 	if err := bpf.SetPolicyMode(out[1], p.settings.Mode); err != nil {
+		for _, o := range out {
+			o.Close()
+		}
 		return nil, err
 	}
 	return out, nil
+}
+
+// start opens the state maps and writes the mode at once, so that the
+// programs an earlier run left attached follow this run's mode before
+// anything is reconciled; a failure is retried by the first get.
+func (p *programs) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state != nil {
+		return nil
+	}
+	state, err := p.openState()
+	if err != nil {
+		return err
+	}
+	p.state = state
+	return nil
 }
 
 func (p *programs) close() {
