@@ -31,6 +31,13 @@ type policyCtValue struct {
 	Pad      uint32
 }
 
+type policyPodKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
 type policyPolicyV4Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -65,6 +72,7 @@ const (
 	policyMapEnimasqIngressV6  = "enimasq_ingress_v6"
 	policyMapEnimasqPolicyCt   = "enimasq_policy_ct"
 	policyMapEnimasqPolicyMode = "enimasq_policy_mode"
+	policyMapEnimasqPolicyPods = "enimasq_policy_pods"
 	policyProgPolicyEgress     = "policy_egress"
 	policyProgPolicyIngress    = "policy_ingress"
 )
@@ -125,6 +133,7 @@ type policyMapSpecs struct {
 	EnimasqIngressV6  *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
 	EnimasqPolicyCt   *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
 	EnimasqPolicyMode *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -159,6 +168,7 @@ type policyMaps struct {
 	EnimasqIngressV6  *ebpf.Map `ebpf:"enimasq_ingress_v6"`
 	EnimasqPolicyCt   *ebpf.Map `ebpf:"enimasq_policy_ct"`
 	EnimasqPolicyMode *ebpf.Map `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods *ebpf.Map `ebpf:"enimasq_policy_pods"`
 }
 
 func (m *policyMaps) Close() error {
@@ -169,6 +179,7 @@ func (m *policyMaps) Close() error {
 		m.EnimasqIngressV6,
 		m.EnimasqPolicyCt,
 		m.EnimasqPolicyMode,
+		m.EnimasqPolicyPods,
 	)
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 )
@@ -16,7 +17,13 @@ const (
 	PolicyCTMapName = "enimasq_policy_ct"
 	// PolicyModeMapName is a one-element array: the enforcing mode.
 	PolicyModeMapName = "enimasq_policy_mode"
+	// PolicyPodsMapName is a hash of the pods of the devices the programs
+	// are on: pod address -> the device's ifindex.
+	PolicyPodsMapName = "enimasq_policy_pods"
 )
+
+// policyStateMapNames are the maps of the programs' state.
+var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName}
 
 // PolicyMode is the enforcing mode of the policy programs
 // (--network-policy-enforcing-mode).
@@ -56,6 +63,44 @@ func PolicyStateSpecs() (ct, mode *ebpf.MapSpec, err error) {
 		return nil, nil, fmt.Errorf("load policy program spec: %w", err)
 	}
 	return spec.Maps[PolicyCTMapName].Copy(), spec.Maps[PolicyModeMapName].Copy(), nil
+}
+
+// PolicyPodsSpec is the spec of the map of the devices' pods.
+func PolicyPodsSpec() (*ebpf.MapSpec, error) {
+	spec, err := loadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("load policy program spec: %w", err)
+	}
+	return spec.Maps[PolicyPodsMapName].Copy(), nil
+}
+
+// PolicyPodKey is the key of a pod address in the devices' pods map.
+func PolicyPodKey(addr netip.Addr) []byte {
+	k := make([]byte, 20)
+	k[0] = 6
+	if addr.Is4() {
+		k[0] = 4
+		a := addr.As4()
+		copy(k[4:], a[:])
+	} else {
+		a := addr.As16()
+		copy(k[4:], a[:])
+	}
+	return k
+}
+
+// PolicyPodOfKey is the address of a key of the devices' pods map.
+func PolicyPodOfKey(k []byte) (netip.Addr, bool) {
+	if len(k) != 20 {
+		return netip.Addr{}, false
+	}
+	switch k[0] {
+	case 4:
+		return netip.AddrFrom4([4]byte(k[4:8])), true
+	case 6:
+		return netip.AddrFrom16([16]byte(k[4:20])), true
+	}
+	return netip.Addr{}, false
 }
 
 // SetPolicyMode writes the mode into a mode map.

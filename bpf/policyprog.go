@@ -31,6 +31,9 @@ const (
 	PolicyStrict PolicyReason = 6
 	// PolicyNeighbor: IPv6 router or neighbour discovery, passed.
 	PolicyNeighbor PolicyReason = 7
+	// PolicySpoofed: what a pod sent claims an address that is not one of
+	// its device's pods.
+	PolicySpoofed PolicyReason = 8
 )
 
 func (r PolicyReason) String() string {
@@ -49,6 +52,8 @@ func (r PolicyReason) String() string {
 		return "no policy selects the pod (strict mode)"
 	case PolicyNeighbor:
 		return "IPv6 neighbour discovery"
+	case PolicySpoofed:
+		return "the source is not a pod of this device"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}
@@ -107,7 +112,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	}
 	p := &PolicyProgram{}
 	replacements := map[string]*ebpf.Map{}
-	for _, name := range append(slices.Clone(PolicyMapNames), PolicyCTMapName, PolicyModeMapName) {
+	for _, name := range append(slices.Clone(PolicyMapNames), policyStateMapNames...) {
 		ms, ok := spec.Maps[name]
 		if !ok {
 			return nil, fmt.Errorf("policy program spec has no map %s", name)

@@ -2,10 +2,12 @@ package test
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -412,5 +414,96 @@ func TestPrivilegedNetworkPolicyTCFallback(t *testing.T) {
 			t.Fatal("the tc filter deleted by hand is not back after 2 s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// What a pod sends must come from one of its own addresses: a pod that
+// forges another pod's address, or one no pod has, is not judged by that
+// address's policy (or by none, which allows), but dropped.
+func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
+	node := newPolicyNode(t)
+	node.addPod("a", "enim4d4d4d4d", podA)
+	node.addPod("b", "enim5e5e5e5e", podB)
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	// a may send only to the node; b anything anywhere.
+	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Egress"}, nil, []peRule{{cidr: policyNodeIP + "/32"}}))
+	WriteFileAtomic(t, filepath.Join(dir, "b.yaml"), policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}}))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
+	a.Start()
+	a.WaitHealthy()
+	a.WaitFor("both pods' devices carry the programs", func() bool {
+		return strings.Count(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done") == 2
+	})
+
+	// The peer counts what reaches it on UDP 9999.
+	var received atomic.Int64
+	if err := inNS(node.ns[node.peerNS()], func() error {
+		c, err := net.ListenPacket("udp4", policyPeerIP+":9999")
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { c.Close() })
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				if _, _, err := c.ReadFrom(buf); err != nil {
+					return
+				}
+				received.Add(1)
+			}
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(from string) {
+		t.Helper()
+		err := inNS(node.ns[node.podNS("a")], func() error {
+			c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(from)}, &net.UDPAddr{IP: net.ParseIP(policyPeerIP), Port: 9999})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for range 5 {
+				if _, err := c.Write([]byte("x")); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("send from %s: %v", from, err)
+		}
+	}
+	// Pod a takes b's address and one no pod has.
+	run(t, "ip", "-n", node.podNS("a"), "addr", "add", podB+"/32", "dev", "eth0")
+	run(t, "ip", "-n", node.podNS("a"), "addr", "add", "10.0.0.99/32", "dev", "eth0")
+	send(podB)
+	send("10.0.0.99")
+	// b itself may send: the peer receives (and so would have received
+	// a's forged datagrams, had they passed).
+	if err := inNS(node.ns[node.podNS("b")], func() error {
+		c, err := net.Dial("udp4", policyPeerIP+":9999")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("x"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for received.Load() < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := received.Load(); n != 1 {
+		t.Errorf("the peer received %d datagrams, want 1 (b's own; none of a's forged ones)", n)
+	}
+	if v, _, _ := a.Dbg("policy", "verdict", "--bpf-root", a.BPFRoot, "--pod", podA, "--direction", "egress",
+		"--peer", policyPeerIP, "--proto", "udp", "--port", "9999"); !strings.HasPrefix(v, "DENY") {
+		t.Errorf("a's own datagram to the peer: %s, want DENY (a may send only to the node)", v)
 	}
 }

@@ -47,6 +47,11 @@
 #define REASON_TRACKED 5   /* a packet of a connection the policy allowed */
 #define REASON_STRICT 6    /* no policy selects the pod, and the mode is strict */
 #define REASON_NEIGHBOR 7  /* IPv6 router and neighbour discovery: passed */
+#define REASON_SPOOFED 8   /* the source is not a pod of the device it came from */
+
+/* BPF_PROG_TEST_RUN runs a packet as if on the loopback device: the device
+ * check does not apply there (the programs are never on lo). */
+#define LOOPBACK_IFINDEX 1
 
 /* An allowed packet goes on to whatever else runs on the device. */
 #define VERDICT_PASS TC_ACT_UNSPEC
@@ -129,6 +134,37 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 1);
 } enimasq_policy_mode SEC(".maps");
+
+/* The pods of each device the programs are on: pod address (IPv4 in the
+ * first 4 bytes) -> the ifindex of its host-side device. What a pod sends
+ * must come from its own device, so that no pod is judged as another by a
+ * forged source address. */
+struct pod_key {
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct pod_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+} enimasq_policy_pods SEC(".maps");
+
+/* from_its_device says whether the pod address a packet leaving a pod
+ * claims is one of the pods of the device it came from. */
+static __always_inline int from_its_device(struct __sk_buff *skb, const void *addr, int len, __u8 family)
+{
+	struct pod_key k = { .family = family };
+	__u32 *ifindex;
+
+	if (skb->ifindex == LOOPBACK_IFINDEX)
+		return 1;
+	__builtin_memcpy(k.addr, addr, len);
+	ifindex = bpf_map_lookup_elem(&enimasq_policy_pods, &k);
+	return ifindex && *ifindex == skb->ifindex;
+}
 
 /* The fields of a packet that the policy looks at. */
 struct flow {
@@ -315,6 +351,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		/* Only the first fragment carries the ports. */
 		if ((ip4->frag_off & bpf_htons(0x1fff)) == 0)
 			read_dport(&f, (void *)ip4 + ip4->ihl * 4, data_end);
+		if (egress && !from_its_device(skb, &ip4->saddr, 4, 4)) {
+			skb->cb[0] = REASON_SPOOFED;
+			return TC_ACT_SHOT;
+		}
 		__builtin_memcpy(key.pod, egress ? &ip4->saddr : &ip4->daddr, 4);
 		__builtin_memcpy(key.peer, egress ? &ip4->daddr : &ip4->saddr, 4);
 		__builtin_memcpy(ct.pod, key.pod, 4);
@@ -339,6 +379,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 				skb->cb[0] = REASON_NEIGHBOR;
 				return VERDICT_PASS;
 			}
+		}
+		if (egress && !from_its_device(skb, &ip6->saddr, 16, 6)) {
+			skb->cb[0] = REASON_SPOOFED;
+			return TC_ACT_SHOT;
 		}
 		/* Extension headers are not walked: behind one, the port is
 		 * unknown and only any-port entries match. */

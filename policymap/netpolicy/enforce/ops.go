@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/statedb"
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -114,7 +117,18 @@ func (o *ops) pinPath(device string, h hook) string {
 
 // Update puts the programs on both sides of the device, or checks that they
 // are there (a refresh), attached to this ifindex and the current programs.
+// The device's pods are bound to it first, so that the programs never see
+// a pod of the device as foreign.
 func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
+	pods, err := o.progs.pods()
+	if err != nil {
+		return fmt.Errorf("policy programs: %w", err)
+	}
+	for _, pod := range a.Pods {
+		if err := pods.Put(bpf.PolicyPodKey(pod), uint32(a.Ifindex)); err != nil {
+			return fmt.Errorf("bind %s to %s: %w", pod, a.Device, err)
+		}
+	}
 	for _, h := range hooks {
 		prog, err := o.program(ctx, h)
 		if err != nil {
@@ -222,13 +236,24 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 	return nil
 }
 
-// Delete takes the programs off the device.
+// Delete takes the programs off the device, then its pods' bindings.
 func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
 	var errs []error
 	for _, h := range hooks {
 		errs = append(errs, o.detach(a.Device, h))
 		if link, err := netlink.LinkByIndex(a.Ifindex); err == nil && link.Attrs().Name == a.Device {
 			errs = append(errs, deleteTCFilter(a.Ifindex, h))
+		}
+	}
+	if pods, err := o.progs.pods(); err == nil {
+		for _, pod := range a.Pods {
+			var ifindex uint32
+			// A pod moved to another device keeps that binding.
+			if pods.Lookup(bpf.PolicyPodKey(pod), &ifindex) == nil && int(ifindex) == a.Ifindex {
+				if err := pods.Delete(bpf.PolicyPodKey(pod)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, err)
+				}
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -266,10 +291,15 @@ func deleteTCFilter(ifindex int, h hook) error {
 // row desires; nothing of another writer is looked at.
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Attachment, statedb.Revision]) error {
 	desired := map[string]bool{}
+	bound := map[netip.Addr]bool{}
 	for a := range objects {
 		desired[a.Device] = true
+		for _, pod := range a.Pods {
+			bound[pod] = true
+		}
 	}
 	var errs []error
+	errs = append(errs, o.pruneBindings(bound))
 	entries, err := os.ReadDir(o.settings.LinksDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -326,4 +356,31 @@ func cutLast(s, sep string) (before, after string, ok bool) {
 		return s, "", false
 	}
 	return s[:i], s[i+len(sep):], true
+}
+
+// pruneBindings deletes the bindings of pods that no row lists.
+func (o *ops) pruneBindings(bound map[netip.Addr]bool) error {
+	pods, err := o.progs.pods()
+	if err != nil {
+		return err
+	}
+	var stale [][]byte
+	key := make([]byte, pods.KeySize())
+	var cursor any
+	for range pods.MaxEntries() + 1 {
+		if err := pods.NextKey(cursor, key); err != nil {
+			break
+		}
+		if addr, ok := bpf.PolicyPodOfKey(key); !ok || !bound[addr] {
+			stale = append(stale, slices.Clone(key))
+		}
+		cursor = slices.Clone(key)
+	}
+	var errs []error
+	for _, k := range stale {
+		if err := pods.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -23,7 +23,7 @@ type programs struct {
 	mu     sync.Mutex
 	loaded *bpf.PolicyProgram
 	ids    map[string]ebpf.MapID
-	state  []*ebpf.Map // ct, mode
+	state  []*ebpf.Map // ct, mode, pods
 }
 
 // get returns the programs for the current policy maps.
@@ -51,7 +51,7 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 			return nil, err
 		}
 	}
-	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1]}
+	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1], bpf.PolicyPodsMapName: p.state[2]}
 	for name, m := range maps {
 		all[name] = m
 	}
@@ -68,10 +68,15 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 	return prog, nil
 }
 
-// openState opens the pinned connection-tracking and mode maps (made and
-// pinned the first time, kept across restarts) and writes the mode.
+// openState opens the pinned connection-tracking, mode and devices' pods
+// maps (made and pinned the first time, kept across restarts) and writes
+// the mode.
 func (p *programs) openState() ([]*ebpf.Map, error) {
 	ctSpec, modeSpec, err := bpf.PolicyStateSpecs()
+	if err != nil {
+		return nil, err
+	}
+	podsSpec, err := bpf.PolicyPodsSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +84,7 @@ func (p *programs) openState() ([]*ebpf.Map, error) {
 		return nil, err
 	}
 	var out []*ebpf.Map
-	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec} {
+	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec, podsSpec} {
 		spec.Pinning = ebpf.PinByName
 		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -142,4 +147,14 @@ func sameIDs(a, b map[string]ebpf.MapID) bool {
 		}
 	}
 	return true
+}
+
+// pods is the map of the devices' pods, once the state is open.
+func (p *programs) pods() (*ebpf.Map, error) {
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state[2], nil
 }
