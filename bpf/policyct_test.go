@@ -79,6 +79,17 @@ func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
 	want("another port of the peer", run(Ingress, frame(peer, pod, ProtocolTCP, 81, 40000)), false, PolicyDenied)
 	want("another peer", run(Ingress, frame(other, pod, ProtocolTCP, 80, 40000)), false, PolicyDenied)
 
+	// An ICMP error from a router on the way, quoting a packet of the
+	// connection (path MTU discovery), is the connection's; one quoting
+	// another connection is not.
+	icmpError := func(quoted []byte) []byte {
+		f := frame(other, pod, protocolICMP, 0, 0)
+		f[14+20], f[14+20+1] = 3, 4 // destination unreachable, fragmentation needed
+		return append(f, quoted[14:14+20+8]...)
+	}
+	want("fragmentation needed, for the connection", run(Ingress, icmpError(frame(pod, peer, ProtocolTCP, 40000, 80))), true, PolicyTracked)
+	want("fragmentation needed, for another connection", run(Ingress, icmpError(frame(pod, peer, ProtocolTCP, 40001, 80))), false, PolicyDenied)
+
 	rst := frame(peer, pod, ProtocolTCP, 80, 40000)
 	rst[14+20+13] = 0x04 // RST
 	want("RST", run(Ingress, rst), true, PolicyTracked)

@@ -310,6 +310,60 @@ static __always_inline int decide(struct __sk_buff *skb, const struct policy_val
 	return TC_ACT_SHOT;
 }
 
+/* icmp_related says whether an ICMP error (destination unreachable, packet
+ * too big, time exceeded, parameter problem) is about a live tracked
+ * connection of the pod: the header it quotes, at l4 + 8, is a packet of
+ * that connection, sent by the pod (on its ingress) or to it (on its
+ * egress). Only quotes with a plain header (IPv4 without options, IPv6
+ * without extension headers) are read. */
+static __always_inline int icmp_related(void *l4, void *data_end, int egress, int v6)
+{
+	__u8 *icmp = l4;
+	struct ct_key k = {};
+	struct ct_value *v;
+	__u8 *ports;
+
+	if ((void *)(icmp + 8) > data_end)
+		return 0;
+	if (v6) {
+		struct ipv6hdr *in = (void *)(icmp + 8);
+
+		if (icmp[0] < 1 || icmp[0] > 4 || (void *)(in + 1) > data_end)
+			return 0;
+		k.family = 6;
+		k.protocol = in->nexthdr;
+		__builtin_memcpy(k.pod, egress ? &in->daddr : &in->saddr, 16);
+		__builtin_memcpy(k.peer, egress ? &in->saddr : &in->daddr, 16);
+		ports = (void *)(in + 1);
+	} else {
+		struct iphdr *in = (void *)(icmp + 8);
+
+		if ((icmp[0] != 3 && icmp[0] != 11 && icmp[0] != 12) || (void *)(in + 1) > data_end || in->ihl != 5)
+			return 0;
+		k.family = 4;
+		k.protocol = in->protocol;
+		__builtin_memcpy(k.pod, egress ? &in->daddr : &in->saddr, 4);
+		__builtin_memcpy(k.peer, egress ? &in->saddr : &in->daddr, 4);
+		ports = (void *)(in + 1);
+	}
+	if ((void *)(ports + 8) > data_end)
+		return 0;
+	if (k.protocol == IPPROTO_ICMP || k.protocol == IPPROTO_ICMPV6) {
+		k.pod_port = bpf_ntohs(*(__be16 *)(ports + 4)); /* the echo's identifier */
+		k.peer_port = k.pod_port;
+	} else if (has_ports(k.protocol)) {
+		__u16 sport = bpf_ntohs(*(__be16 *)ports), dport = bpf_ntohs(*(__be16 *)(ports + 2));
+
+		/* The quoted packet went the other way. */
+		k.pod_port = egress ? dport : sport;
+		k.peer_port = egress ? sport : dport;
+	} else {
+		return 0;
+	}
+	v = bpf_map_lookup_elem(&enimasq_policy_ct, &k);
+	return v && bpf_ktime_get_ns() - v->last_seen <= ct_timeout(k.protocol);
+}
+
 /* decide_tracked passes the packets of tracked connections, decides the
  * others by the policy, and tracks what the policy allows. */
 static __always_inline int decide_tracked(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f,
@@ -360,6 +414,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		__builtin_memcpy(ct.pod, key.pod, 4);
 		__builtin_memcpy(ct.peer, key.peer, 4);
 		ct.family = 4;
+		if (f.protocol == IPPROTO_ICMP && !f.echo && icmp_related((void *)ip4 + ip4->ihl * 4, data_end, egress, 0)) {
+			skb->cb[0] = REASON_TRACKED;
+			return VERDICT_PASS;
+		}
 		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key), &f, &ct, egress);
 	}
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
@@ -393,6 +451,10 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		__builtin_memcpy(ct.pod, key.pod, 16);
 		__builtin_memcpy(ct.peer, key.peer, 16);
 		ct.family = 6;
+		if (f.protocol == IPPROTO_ICMPV6 && !f.echo && icmp_related(ip6 + 1, data_end, egress, 1)) {
+			skb->cb[0] = REASON_TRACKED;
+			return VERDICT_PASS;
+		}
 		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f, &ct, egress);
 	}
 	return VERDICT_PASS;
