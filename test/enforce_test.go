@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -505,5 +506,102 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 	if v, _, _ := a.Dbg("policy", "verdict", "--bpf-root", a.BPFRoot, "--pod", podA, "--direction", "egress",
 		"--peer", policyPeerIP, "--proto", "udp", "--port", "9999"); !strings.HasPrefix(v, "DENY") {
 		t.Errorf("a's own datagram to the peer: %s, want DENY (a may send only to the node)", v)
+	}
+}
+
+// IPv6 as traffic: a dual-stack pod whose policy isolates both families'
+// ingress and allows TCP 80 from the peer's IPv6 address only; neighbour
+// discovery keeps working under the programs.
+func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
+	node := newPolicyNode(t)
+	const pod6, peer6, node6 = "fd00::2", "fd00:1::2", "fd00:1::1"
+	run(t, "ip", "netns", "exec", node.Node, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0",
+		"net.ipv6.conf.default.disable_ipv6=0", "net.ipv6.conf.all.forwarding=1")
+	node.addPod("a", "enim6a6a6a6a", podA)
+	for _, ns := range []string{node.podNS("a"), node.peerNS()} {
+		run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+			"net.ipv6.conf.eth0.disable_ipv6=0")
+	}
+	run(t, "ip", "netns", "exec", node.Node, "sysctl", "-qw", "net.ipv6.conf.enim6a6a6a6a.disable_ipv6=0", "net.ipv6.conf.peer0.disable_ipv6=0")
+	run(t, "ip", "-n", node.Node, "addr", "add", node6+"/64", "dev", "peer0", "nodad")
+	run(t, "ip", "-n", node.peerNS(), "addr", "add", peer6+"/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", node.peerNS(), "route", "add", "default", "via", node6)
+	run(t, "ip", "-n", node.podNS("a"), "addr", "add", pod6+"/128", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", node.Node, "addr", "add", "fe80::1/64", "dev", "enim6a6a6a6a", "nodad")
+	run(t, "ip", "-n", node.podNS("a"), "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+	run(t, "ip", "-n", node.Node, "route", "add", pod6+"/128", "dev", "enim6a6a6a6a")
+
+	// v6 servers in the pod and the peer.
+	for ns, ip := range map[string]string{node.podNS("a"): pod6, node.peerNS(): peer6} {
+		if err := inNS(node.ns[ns], func() error {
+			for _, port := range []int{80, 81} {
+				l, err := net.Listen("tcp6", net.JoinHostPort(ip, strconv.Itoa(port)))
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { l.Close() })
+				go func() {
+					for {
+						c, err := l.Accept()
+						if err != nil {
+							return
+						}
+						c.Write([]byte("ok"))
+						c.Close()
+					}
+				}()
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect6 := func(from, dst string, port int) bool {
+		var ok bool
+		inNS(node.ns[from], func() error {
+			c, err := net.DialTimeout("tcp6", net.JoinHostPort(dst, strconv.Itoa(port)), time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 2)
+			_, err = c.Read(buf)
+			ok = err == nil && string(buf) == "ok"
+			return nil
+		})
+		return ok
+	}
+	if !connect6(node.peerNS(), pod6, 80) {
+		t.Fatal("IPv6 does not work between the peer and the pod without the agent")
+	}
+
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	pe := policyEndpoint("a", podA, []string{"Ingress"}, []peRule{{cidr: peer6 + "/128", ports: []string{"TCP 80"}}}, nil)
+	pe = strings.Replace(pe, "  podSelectorEndpoints:\n", "  podSelectorEndpoints:\n  - {podIP: \""+pod6+"\", hostIP: "+policyNodeIP+", name: a, namespace: e2e}\n", 1)
+	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), pe)
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6")
+	a.Start()
+	a.WaitHealthy()
+	a.WaitFor("the pod's device carries the programs", func() bool {
+		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done")
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for connect6(node.peerNS(), pod6, 81) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if connect6(node.peerNS(), pod6, 81) {
+		t.Error("IPv6 TCP 81 from the peer reached the pod: only TCP 80 is allowed")
+	}
+	if !connect6(node.peerNS(), pod6, 80) {
+		t.Error("IPv6 TCP 80 from the peer did not reach the pod (neighbour discovery, or the policy)")
+	}
+	if !connect6(node.podNS("a"), peer6, 81) {
+		t.Error("the pod's IPv6 egress is not isolated, and its replies are tracked")
+	}
+	if node.connect(node.peerNS(), podA, 80) {
+		t.Error("IPv4 TCP 80 reached the pod: its IPv4 ingress is isolated with no rule")
 	}
 }
