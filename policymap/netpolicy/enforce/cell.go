@@ -30,7 +30,6 @@ type params struct {
 	Jobs      job.Group
 	Lifecycle cell.Lifecycle
 	Reconcile reconciler.Params
-	Health    cell.Health
 }
 
 func register(p params) error {
