@@ -165,6 +165,8 @@ func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
 		}
 		l.Unpin()
 		l.Close()
+		o.log.Info("Policy program no longer on the pod's device (detached, or the device made again): attaching it again",
+			"device", a.Device, "ifindex", a.Ifindex, "side", h.name)
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: a.Ifindex, Program: prog, Attach: h.tcx})
 	if err != nil {
