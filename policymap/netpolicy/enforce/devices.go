@@ -93,14 +93,14 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 			health.Degraded("listing the pods' devices", err)
 		} else {
 			wtxn := d.db.WriteTxn(d.table)
-			changed := tablesync.Rows[*Attachment, string]{
+			n := tablesync.Rows[*Attachment, string]{
 				Key:    func(a *Attachment) string { return a.Device },
 				Query:  DeviceIndex.Query,
 				Same:   (*Attachment).sameDesired,
 				Insert: func(a *Attachment) *Attachment { return a.SetStatus(reconciler.StatusPending()) },
 			}.Sync(wtxn, d.table, rows)
-			if changed > 0 {
-				d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", changed)
+			if n > 0 {
+				d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", n)
 			}
 			if d.initDone != nil {
 				d.initDone(wtxn)
