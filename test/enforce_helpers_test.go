@@ -130,21 +130,9 @@ func (n *policyNode) serve(name, ip string) {
 	err := inNS(n.ns[name], func() error {
 		for _, port := range policyPorts {
 			addr := net.JoinHostPort(ip, strconv.Itoa(port))
-			l, err := net.Listen("tcp4", addr)
-			if err != nil {
+			if err := answerOK(n.t, "tcp4", addr); err != nil {
 				return err
 			}
-			n.t.Cleanup(func() { l.Close() })
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					c.Write([]byte("ok"))
-					c.Close()
-				}
-			}()
 			u, err := net.ListenPacket("udp4", addr)
 			if err != nil {
 				return err
@@ -256,3 +244,20 @@ func (n *policyNode) podNS(pod string) string { return n.Node + "-" + pod }
 func (n *policyNode) peerNS() string { return n.Node + "-peer" }
 
 func (n *policyNode) String() string { return fmt.Sprintf("node %s", n.Node) }
+
+// answerOK listens on addr (in the calling thread's netns) and answers
+// every connection with "ok", then closes it, until the test ends.
+func answerOK(t *testing.T, network, addr string) error {
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		return err
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for c, err := l.Accept(); err == nil; c, err = l.Accept() {
+			c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	return nil
+}
