@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,4 +262,30 @@ func answerOK(t *testing.T, network, addr string) error {
 		}
 	}()
 	return nil
+}
+
+// startAgent starts an agent in the node's netns on a directory of the
+// PolicyEndpoints given (file name without .yaml -> content), IPv4 only
+// unless extra says otherwise, and returns it with the directory.
+func (n *policyNode) startAgent(pes map[string]string, extra ...string) (*Agent, string) {
+	n.t.Helper()
+	a := NewAgent(n.t)
+	a.NetNSName = n.Node
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	for name, pe := range pes {
+		WriteFileAtomic(n.t, filepath.Join(dir, name+".yaml"), pe)
+	}
+	a.Args = append(a.Args, append([]string{"--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false"}, extra...)...)
+	a.Start()
+	a.WaitHealthy()
+	return a, dir
+}
+
+// waitAttached waits until n pod devices carry the programs (their rows of
+// policy-attachments Done).
+func waitAttached(a *Agent, n int) {
+	a.t.Helper()
+	a.WaitFor(fmt.Sprintf("%d pod devices carrying the programs", n), func() bool {
+		return strings.Count(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done") == n
+	})
 }

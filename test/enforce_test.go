@@ -184,13 +184,7 @@ func TestPrivilegedNetworkPolicyIsEnforced(t *testing.T) {
 	node.addPod("a", "enim0a1b2c3d", podA)
 	node.addPod("b", "eni4f3e2d1c0b", podB)
 
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "b.yaml"), policyEndpoint("b", podB, []string{"Ingress"}, nil, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
-	a.WaitHealthy()
+	a, dir := node.startAgent(map[string]string{"b": policyEndpoint("b", podB, []string{"Ingress"}, nil, nil)})
 
 	run := func(from string, p probe) bool {
 		switch p.proto {
@@ -265,13 +259,7 @@ func TestPrivilegedNetworkPolicyEnforcementSurvives(t *testing.T) {
 	node := newPolicyNode(t)
 	const device = "eni0a0b0c0d0e"
 	node.addPod("a", device, podA)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
-	a.WaitHealthy()
+	a, _ := node.startAgent(map[string]string{"a": policyEndpoint("a", podA, []string{"Ingress"}, nil, nil)})
 
 	reached := func() bool { return node.connect(node.peerNS(), podA, 80) }
 	enforcingWithin := func(what string, d time.Duration) {
@@ -328,9 +316,7 @@ func TestPrivilegedNetworkPolicyEnforcementSurvives(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // some tries with no agent at all
 	a.StartInNetNS(ns)
 	a.WaitHealthy()
-	a.WaitFor("the attachment reconciled again", func() bool {
-		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done")
-	})
+	waitAttached(a, 1)
 	close(stop)
 	if n := <-leaked; n > 0 {
 		t.Errorf("%d connections the policy denies passed during the restart", n)
@@ -355,19 +341,9 @@ func TestPrivilegedNetworkPolicyStrictMode(t *testing.T) {
 	node := newPolicyNode(t)
 	node.addPod("a", "enim1a1a1a1a", podA)
 	node.addPod("b", "enim2b2b2b2b", podB)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "b.yaml"), policyEndpoint("b", podB, []string{"Ingress"},
-		[]peRule{{cidr: policyPeerIP + "/32", ports: []string{"TCP 80"}}}, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false",
-		"--network-policy-enforcing-mode=strict")
-	a.Start()
-	a.WaitHealthy()
-	a.WaitFor("both pods' devices carry the programs", func() bool {
-		rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
-		return strings.Count(rows, "Done") == 2
-	})
+	a, _ := node.startAgent(map[string]string{"b": policyEndpoint("b", podB, []string{"Ingress"},
+		[]peRule{{cidr: policyPeerIP + "/32", ports: []string{"TCP 80"}}}, nil)}, "--network-policy-enforcing-mode=strict")
+	waitAttached(a, 2)
 	if node.connect(node.peerNS(), podA, 80) || node.connect(node.podNS("a"), policyPeerIP, 80) {
 		t.Error("strict mode: pod a, which no policy selects, has traffic")
 	}
@@ -389,17 +365,8 @@ func TestPrivilegedNetworkPolicyTCFallback(t *testing.T) {
 	node := newPolicyNode(t)
 	const device = "enim3c3c3c3c"
 	node.addPod("a", device, podA)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false",
-		"--network-policy-attach=tc")
-	a.Start()
-	a.WaitHealthy()
-	a.WaitFor("the pod's device carries the programs", func() bool {
-		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done")
-	})
+	a, _ := node.startAgent(map[string]string{"a": policyEndpoint("a", podA, []string{"Ingress"}, nil, nil)}, "--network-policy-attach=tc")
+	waitAttached(a, 1)
 	if out := run(t, "ip", "netns", "exec", node.Node, "tc", "filter", "show", "dev", device, "egress"); !strings.Contains(out, "enimasq-policy") {
 		t.Fatalf("no enimasq tc filter on the egress of %s:\n%s", device, out)
 	}
@@ -426,18 +393,12 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 	node := newPolicyNode(t)
 	node.addPod("a", "enim4d4d4d4d", podA)
 	node.addPod("b", "enim5e5e5e5e", podB)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
 	// a may send only to the node; b anything anywhere.
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Egress"}, nil, []peRule{{cidr: policyNodeIP + "/32"}}))
-	WriteFileAtomic(t, filepath.Join(dir, "b.yaml"), policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}}))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
-	a.WaitHealthy()
-	a.WaitFor("both pods' devices carry the programs", func() bool {
-		return strings.Count(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done") == 2
+	a, _ := node.startAgent(map[string]string{
+		"a": policyEndpoint("a", podA, []string{"Egress"}, nil, []peRule{{cidr: policyNodeIP + "/32"}}),
+		"b": policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}}),
 	})
+	waitAttached(a, 2)
 
 	// The peer counts what reaches it on UDP 9999.
 	var received atomic.Int64
@@ -565,18 +526,10 @@ func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 		t.Fatal("IPv6 does not work between the peer and the pod without the agent")
 	}
 
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
 	pe := policyEndpoint("a", podA, []string{"Ingress"}, []peRule{{cidr: peer6 + "/128", ports: []string{"TCP 80"}}}, nil)
 	pe = strings.Replace(pe, "  podSelectorEndpoints:\n", "  podSelectorEndpoints:\n  - {podIP: \""+pod6+"\", hostIP: "+policyNodeIP+", name: a, namespace: e2e}\n", 1)
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), pe)
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6")
-	a.Start()
-	a.WaitHealthy()
-	a.WaitFor("the pod's device carries the programs", func() bool {
-		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done")
-	})
+	a, _ := node.startAgent(map[string]string{"a": pe}, "--enable-ipv6")
+	waitAttached(a, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for connect6(node.peerNS(), pod6, 81) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
