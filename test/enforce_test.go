@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
 )
 
 // peRule is an ingress or egress rule of a PolicyEndpoint.
@@ -545,5 +546,74 @@ func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 	}
 	if node.connect(node.peerNS(), podA, 80) {
 		t.Error("IPv4 TCP 80 reached the pod: its IPv4 ingress is isolated with no rule")
+	}
+}
+
+// On pods that enimasq-cni itself wired (its veths, routes and rules, from
+// the ENI IPAM of the sample CiliumNode), the policy of a PolicyEndpoint
+// selecting one pod is enforced between the two.
+func TestPrivilegedNetworkPolicyOnEnimasqCNIPods(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
+		dir := filepath.Join(a.Dir, "policyendpoints")
+		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
+		a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir)
+	})
+	cni := newCNIRuntime(t, topo, a.APISocket())
+	nsA, nsB := cni.newPod("client"), cni.newPod("server")
+	ipA, ipB := cni.add(nsA, "client"), cni.add(nsB, "server")
+	handle := func(name string) netns.NsHandle {
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ns.Close() })
+		return ns
+	}
+	hA, hB := handle(nsA), handle(nsB)
+	for _, port := range []int{80, 81} {
+		if err := inNS(hB, func() error { return answerOK(t, "tcp4", net.JoinHostPort(ipB, strconv.Itoa(port))) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect := func(port int) bool {
+		var ok bool
+		inNS(hA, func() error {
+			c, err := net.DialTimeout("tcp4", net.JoinHostPort(ipB, strconv.Itoa(port)), probeTimeout)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(probeTimeout))
+			buf := make([]byte, 2)
+			_, err = c.Read(buf)
+			ok = err == nil && string(buf) == "ok"
+			return nil
+		})
+		return ok
+	}
+	if !connect(80) || !connect(81) {
+		t.Fatal("the CNI's pods do not reach each other without a policy")
+	}
+
+	// The server admits the client on TCP 80 only.
+	pe := policyEndpoint("server", ipB, []string{"Ingress"}, []peRule{{cidr: ipA + "/32", ports: []string{"TCP 80"}}}, nil)
+	pe = strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10")
+	WriteFileAtomic(t, filepath.Join(a.Dir, "policyendpoints", "server.yaml"), pe)
+	waitAttached(a, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for connect(81) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if connect(81) {
+		t.Error("the client reached the server's TCP 81: only TCP 80 is allowed")
+	}
+	if !connect(80) {
+		t.Error("the client did not reach the server's TCP 80")
+	}
+	// The row names the host-side veth that enimasq-cni made for the server.
+	rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
+	if !strings.Contains(rows, ipB) || strings.Contains(rows, ipA) {
+		t.Errorf("policy-attachments should hold the server's device only:\n%s", rows)
 	}
 }
