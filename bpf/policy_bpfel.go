@@ -22,6 +22,7 @@ type policyCtKey struct {
 	Protocol uint8
 	Family   uint8
 	Pad      [2]uint8
+	Ifindex  uint32
 }
 
 type policyCtValue struct {
@@ -29,6 +30,17 @@ type policyCtValue struct {
 	LastSeen uint64
 	OpenedBy uint32
 	Pad      uint32
+}
+
+type policyFragKey struct {
+	_        structs.HostLayout
+	Family   uint8
+	Protocol uint8
+	Pad      [2]uint8
+	Id       uint32
+	Src      [16]uint8
+	Dst      [16]uint8
+	Ifindex  uint32
 }
 
 type policyPodKey struct {
@@ -66,15 +78,16 @@ type policyPolicyValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapEnimasqEgressV4   = "enimasq_egress_v4"
-	policyMapEnimasqEgressV6   = "enimasq_egress_v6"
-	policyMapEnimasqIngressV4  = "enimasq_ingress_v4"
-	policyMapEnimasqIngressV6  = "enimasq_ingress_v6"
-	policyMapEnimasqPolicyCt   = "enimasq_policy_ct"
-	policyMapEnimasqPolicyMode = "enimasq_policy_mode"
-	policyMapEnimasqPolicyPods = "enimasq_policy_pods"
-	policyProgPolicyEgress     = "policy_egress"
-	policyProgPolicyIngress    = "policy_ingress"
+	policyMapEnimasqEgressV4    = "enimasq_egress_v4"
+	policyMapEnimasqEgressV6    = "enimasq_egress_v6"
+	policyMapEnimasqIngressV4   = "enimasq_ingress_v4"
+	policyMapEnimasqIngressV6   = "enimasq_ingress_v6"
+	policyMapEnimasqPolicyCt    = "enimasq_policy_ct"
+	policyMapEnimasqPolicyFrags = "enimasq_policy_frags"
+	policyMapEnimasqPolicyMode  = "enimasq_policy_mode"
+	policyMapEnimasqPolicyPods  = "enimasq_policy_pods"
+	policyProgPolicyEgress      = "policy_egress"
+	policyProgPolicyIngress     = "policy_ingress"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -127,13 +140,14 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	EnimasqEgressV4   *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6   *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4  *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6  *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
-	EnimasqPolicyCt   *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
-	EnimasqPolicyMode *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
-	EnimasqPolicyPods *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
+	EnimasqEgressV4    *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6    *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4   *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6   *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyCt    *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyFrags *ebpf.MapSpec `ebpf:"enimasq_policy_frags"`
+	EnimasqPolicyMode  *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods  *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -162,13 +176,14 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	EnimasqEgressV4   *ebpf.Map `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6   *ebpf.Map `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4  *ebpf.Map `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6  *ebpf.Map `ebpf:"enimasq_ingress_v6"`
-	EnimasqPolicyCt   *ebpf.Map `ebpf:"enimasq_policy_ct"`
-	EnimasqPolicyMode *ebpf.Map `ebpf:"enimasq_policy_mode"`
-	EnimasqPolicyPods *ebpf.Map `ebpf:"enimasq_policy_pods"`
+	EnimasqEgressV4    *ebpf.Map `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6    *ebpf.Map `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4   *ebpf.Map `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6   *ebpf.Map `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyCt    *ebpf.Map `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyFrags *ebpf.Map `ebpf:"enimasq_policy_frags"`
+	EnimasqPolicyMode  *ebpf.Map `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods  *ebpf.Map `ebpf:"enimasq_policy_pods"`
 }
 
 func (m *policyMaps) Close() error {
@@ -178,6 +193,7 @@ func (m *policyMaps) Close() error {
 		m.EnimasqIngressV4,
 		m.EnimasqIngressV6,
 		m.EnimasqPolicyCt,
+		m.EnimasqPolicyFrags,
 		m.EnimasqPolicyMode,
 		m.EnimasqPolicyPods,
 	)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -20,10 +21,13 @@ const (
 	// PolicyPodsMapName is a hash of the pods of the devices the programs
 	// are on: pod address -> the device's ifindex.
 	PolicyPodsMapName = "enimasq_policy_pods"
+	// PolicyFragsMapName is an LRU hash of the datagrams whose first
+	// fragment passed, whose later fragments follow its verdict.
+	PolicyFragsMapName = "enimasq_policy_frags"
 )
 
 // policyStateMapNames are the maps of the programs' state.
-var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName}
+var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName, PolicyFragsMapName}
 
 // PolicyMode is the enforcing mode of the policy programs
 // (--network-policy-enforcing-mode).
@@ -63,6 +67,15 @@ func PolicyStateSpecs() (ct, mode *ebpf.MapSpec, err error) {
 		return nil, nil, fmt.Errorf("load policy program spec: %w", err)
 	}
 	return spec.Maps[PolicyCTMapName].Copy(), spec.Maps[PolicyModeMapName].Copy(), nil
+}
+
+// PolicyFragsSpec is the spec of the map of the fragmented datagrams.
+func PolicyFragsSpec() (*ebpf.MapSpec, error) {
+	spec, err := loadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("load policy program spec: %w", err)
+	}
+	return spec.Maps[PolicyFragsMapName].Copy(), nil
 }
 
 // PolicyPodsSpec is the spec of the map of the devices' pods.
@@ -134,6 +147,77 @@ func PolicyConnections(m *ebpf.Map) (int, error) {
 		cursor = key
 	}
 	return n, fmt.Errorf("the map changed while its connections were counted")
+}
+
+// policyCTKeySize is struct ct_key of c/policy.c: {u8 pod[16]; u8
+// peer[16]; u16 pod_port; u16 peer_port; u8 protocol; u8 family; u8 pad[2];
+// u32 ifindex}.
+const policyCTKeySize = 44
+
+// PolicyConnection is a tracked connection as its key names it.
+type PolicyConnection struct {
+	// Ifindex is the pod's host-side device the connection was seen on.
+	Ifindex  uint32
+	Pod      netip.Addr
+	Peer     netip.Addr
+	Protocol uint8
+	PodPort  uint16
+	PeerPort uint16
+}
+
+// parsePolicyCTKey decodes a key of the connection-tracking map.
+func parsePolicyCTKey(k []byte) (PolicyConnection, bool) {
+	if len(k) != policyCTKeySize {
+		return PolicyConnection{}, false
+	}
+	c := PolicyConnection{
+		PodPort:  binary.NativeEndian.Uint16(k[32:]),
+		PeerPort: binary.NativeEndian.Uint16(k[34:]),
+		Protocol: k[36],
+		Ifindex:  binary.NativeEndian.Uint32(k[40:]),
+	}
+	switch k[37] {
+	case 4:
+		c.Pod, c.Peer = netip.AddrFrom4([4]byte(k[0:4])), netip.AddrFrom4([4]byte(k[16:20]))
+	case 6:
+		c.Pod, c.Peer = netip.AddrFrom16([16]byte(k[0:16])), netip.AddrFrom16([16]byte(k[16:32]))
+	default:
+		return PolicyConnection{}, false
+	}
+	return c, true
+}
+
+// ForgetPolicyConnections deletes the tracked connections that forget
+// names (a pod's device gone, a pod IP released: a new pod on the IP, or
+// on a reused ifindex, must start with none of them) and returns how many
+// went. Keys are collected first, then deleted: deleting while iterating a
+// hash map can skip keys.
+func ForgetPolicyConnections(m *ebpf.Map, forget func(PolicyConnection) bool) (int, error) {
+	var (
+		stale [][]byte
+		key   = make([]byte, m.KeySize())
+	)
+	var cursor any
+	for range m.MaxEntries() + 1 {
+		if err := m.NextKey(cursor, key); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return 0, fmt.Errorf("list %s: %w", PolicyCTMapName, err)
+			}
+			break
+		}
+		if c, ok := parsePolicyCTKey(key); !ok || forget(c) {
+			stale = append(stale, slices.Clone(key))
+		}
+		cursor = slices.Clone(key)
+	}
+	n := 0
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("delete from %s: %w", PolicyCTMapName, err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // icmpEcho is an ICMP (ICMPv6) echo request header with identifier id.

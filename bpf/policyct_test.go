@@ -123,6 +123,7 @@ func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
 	// link-local addresses no policy names.
 	ns := frame(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("ff02::1:ff00:5"), protocolICMPv6, 0, 0)
 	ns[14+40] = 135 // neighbour solicitation
+	ns[14+7] = 255  // hop limit: not forwarded
 	want("neighbour solicitation, strict", run(Egress, ns), true, PolicyNeighbor)
 	echo := frame(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2"), protocolICMPv6, 9, 0)
 	want("an echo from a link-local address, strict", run(Egress, echo), false, PolicyStrict)

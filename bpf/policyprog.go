@@ -22,8 +22,8 @@ const (
 	// PolicyNoPolicy: the map has no key for the pod (no PolicyEndpoint
 	// selects it): allowed, as Kubernetes allows a pod no policy selects.
 	PolicyNoPolicy PolicyReason = 3
-	// PolicyNotIP: not IPv4 or IPv6, or a truncated IP header: passed.
-	PolicyNotIP PolicyReason = 4
+	// PolicyARP: an ARP frame, passed (the node and the pod need it).
+	PolicyARP PolicyReason = 4
 	// PolicyTracked: a packet of a connection the policy allowed (either
 	// way).
 	PolicyTracked PolicyReason = 5
@@ -32,8 +32,19 @@ const (
 	// PolicyNeighbor: IPv6 router or neighbour discovery, passed.
 	PolicyNeighbor PolicyReason = 7
 	// PolicySpoofed: what a pod sent claims an address that is not one of
-	// its device's pods.
+	// its device's pods, or what it receives claims a local pod's address
+	// and entered the node by another device.
 	PolicySpoofed PolicyReason = 8
+	// PolicyMalformed: a frame the programs cannot judge (VLAN-tagged, an
+	// EtherType other than IPv4, IPv6 and ARP, a truncated header, more
+	// IPv6 extension headers than they walk): dropped.
+	PolicyMalformed PolicyReason = 9
+	// PolicyFragment: a later fragment of a datagram whose first fragment
+	// passed.
+	PolicyFragment PolicyReason = 10
+	// PolicyFragmentUnknown: a later fragment of no datagram whose first
+	// fragment passed (it was denied, or has not been seen): dropped.
+	PolicyFragmentUnknown PolicyReason = 11
 )
 
 func (r PolicyReason) String() string {
@@ -44,8 +55,8 @@ func (r PolicyReason) String() string {
 		return "no port entry allows"
 	case PolicyNoPolicy:
 		return "no policy selects the pod"
-	case PolicyNotIP:
-		return "not an IP packet"
+	case PolicyARP:
+		return "ARP"
 	case PolicyTracked:
 		return "a connection the policy allowed"
 	case PolicyStrict:
@@ -53,7 +64,13 @@ func (r PolicyReason) String() string {
 	case PolicyNeighbor:
 		return "IPv6 neighbour discovery"
 	case PolicySpoofed:
-		return "the source is not a pod of this device"
+		return "the source is another device's pod address"
+	case PolicyMalformed:
+		return "a frame the programs cannot judge (VLAN, not IP, truncated or malformed header)"
+	case PolicyFragment:
+		return "a later fragment of a datagram whose first fragment passed"
+	case PolicyFragmentUnknown:
+		return "a later fragment of no datagram whose first fragment passed"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}
@@ -94,14 +111,15 @@ const skbCBWord = 12
 type PolicyProgram struct {
 	egress, ingress *ebpf.Program
 	owned           []*ebpf.Map // placeholder maps made for missing maps
-	// scratchCT is the placeholder connection-tracking map, emptied after
-	// each Run: without a map of tracked connections given, every run is
-	// judged on the policy alone.
-	scratchCT *ebpf.Map
+	// scratch are the placeholder connection-tracking and fragments maps,
+	// emptied after each Run: without maps of tracked connections and
+	// fragments given, every run is judged on the policy alone.
+	scratch []*ebpf.Map
 }
 
 // LoadPolicyProgram loads the programs using the given maps, by name
-// (PolicyMapNames, PolicyCTMapName, PolicyModeMapName). A missing or nil
+// (PolicyMapNames, PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName,
+// PolicyFragsMapName). A missing or nil
 // policy map (a family disabled on the node) is replaced by an empty one of
 // the same layout: every pod of that family has no policy; a missing state
 // map by an empty one (no tracked connection, standard mode).
@@ -119,7 +137,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 		}
 		m := maps[name]
 		if m == nil {
-			if name == PolicyCTMapName {
+			if name == PolicyCTMapName || name == PolicyFragsMapName {
 				// A scratch map, emptied after each run: one entry is
 				// all a run writes (and an LRU hash is preallocated).
 				ms.MaxEntries = 1
@@ -129,8 +147,8 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 				return nil, fmt.Errorf("placeholder map %s: %w", name, err)
 			}
 			p.owned = append(p.owned, m)
-			if name == PolicyCTMapName {
-				p.scratchCT = m
+			if name == PolicyCTMapName || name == PolicyFragsMapName {
+				p.scratch = append(p.scratch, m)
 			}
 		}
 		// The map size is a flag; the program works with any.
@@ -163,8 +181,8 @@ func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
 	}
-	if p.scratchCT != nil {
-		if err := clearMap(p.scratchCT); err != nil {
+	for _, m := range p.scratch {
+		if err := clearMap(m); err != nil {
 			return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
 		}
 	}

@@ -86,10 +86,15 @@ func TestPrivilegedPolicyProgram(t *testing.T) {
 		}
 	}
 
-	// Not IP: passed.
+	// An EtherType the programs do not judge: dropped; ARP passes.
 	res, err := prog.Run(Egress, make([]byte, 64))
-	if err != nil || !res.Allow || res.Reason != PolicyNotIP {
-		t.Errorf("non-IP frame: %+v %v", res, err)
+	if err != nil || res.Allow || res.Reason != PolicyMalformed {
+		t.Errorf("EtherType 0 frame: %+v %v, want dropped as malformed", res, err)
+	}
+	arp := make([]byte, 42)
+	arp[12], arp[13] = 0x08, 0x06
+	if res, err := prog.Run(Egress, arp); err != nil || !res.Allow || res.Reason != PolicyARP {
+		t.Errorf("ARP frame: %+v %v, want passed", res, err)
 	}
 }
 

@@ -43,14 +43,15 @@
 #define REASON_ALLOWED 1   /* a port entry of the pod's longest matching key allows */
 #define REASON_DENIED 2    /* the pod's longest matching key lists nothing that allows */
 #define REASON_NO_POLICY 3 /* the pod has no key: no PolicyEndpoint selects it */
-#define REASON_NOT_IP 4    /* not IPv4 or IPv6, or a truncated IP header: passed */
+#define REASON_ARP 4       /* ARP: passed */
 #define REASON_TRACKED 5   /* a packet of a connection the policy allowed */
 #define REASON_STRICT 6    /* no policy selects the pod, and the mode is strict */
-#define REASON_NEIGHBOR 7  /* IPv6 router and neighbour discovery: passed */
-#define REASON_SPOOFED 8   /* the source is not a pod of the device it came from */
+#define REASON_NEIGHBOR 7  /* IPv6 neighbour discovery as RFC 4861 allows it: passed */
+#define REASON_SPOOFED 8   /* the source is a pod address of another device, or of none */
+#define REASON_MALFORMED 9 /* a frame the programs cannot judge: dropped */
+#define REASON_FRAGMENT 10 /* a later fragment of a datagram whose first fragment passed */
+#define REASON_FRAGMENT_UNKNOWN 11 /* a later fragment of no datagram whose first fragment passed */
 
-/* BPF_PROG_TEST_RUN runs a packet as if on the loopback device: the device
- * check does not apply there (the programs are never on lo). */
 #define LOOPBACK_IFINDEX 1
 
 /* An allowed packet goes on to whatever else runs on the device. */
@@ -65,6 +66,17 @@
 #define CT_TIMEOUT_ICMP (30 * NSEC)
 
 #define NO_PORT_ENTRY 0xffffffff
+
+/* Fragments: the first is judged, the later ones follow its verdict for as
+ * long as the kernel would wait to reassemble them. */
+#define FRAG_MAX_ENTRIES 8192
+#define FRAG_TIMEOUT (60 * NSEC)
+#define FRAG_NONE 0
+#define FRAG_FIRST 1
+#define FRAG_LATER 2
+
+/* IPv6 extension headers walked to the transport header; more is dropped. */
+#define IPV6_MAX_EXT_HEADERS 8
 
 struct policy_v4_key {
 	__u32 prefixlen;
@@ -102,9 +114,11 @@ POLICY_MAP(enimasq_egress_v6, struct policy_v6_key);
 POLICY_MAP(enimasq_ingress_v4, struct policy_v4_key);
 POLICY_MAP(enimasq_ingress_v6, struct policy_v6_key);
 
-/* A tracked connection: the pod's and the peer's addresses (IPv4 in the
- * first 4 bytes) and ports (the echo identifier twice for ICMP), seen from
- * the pod whichever way the packet goes. */
+/* A tracked connection: the device it was seen on (the pod's host-side
+ * device), the pod's and the peer's addresses (IPv4 in the first 4 bytes)
+ * and ports (the echo identifier twice for ICMP), seen from the pod
+ * whichever way the packet goes. The device makes a new pod on an old IP
+ * (another veth) start with no connection of the old one. */
 struct ct_key {
 	__u8 pod[16];
 	__u8 peer[16];
@@ -113,6 +127,7 @@ struct ct_key {
 	__u8 protocol;
 	__u8 family;
 	__u8 pad[2];
+	__u32 ifindex;
 };
 
 struct ct_value {
@@ -135,10 +150,11 @@ struct {
 	__uint(max_entries, 1);
 } enimasq_policy_mode SEC(".maps");
 
-/* The pods of each device the programs are on: pod address (IPv4 in the
- * first 4 bytes) -> the ifindex of its host-side device. What a pod sends
- * must come from its own device, so that no pod is judged as another by a
- * forged source address. */
+/* The node's pods: pod address (IPv4 in the first 4 bytes) -> the ifindex
+ * of its host-side device, for every address routed to a pod's device.
+ * What a pod sends must come from its own device, and what a pod receives
+ * from a local pod's address must have entered the node by that pod's
+ * device, so that no pod is judged as another by a forged source. */
 struct pod_key {
 	__u8 family;
 	__u8 pad[3];
@@ -152,58 +168,187 @@ struct {
 	__uint(max_entries, 65536);
 } enimasq_policy_pods SEC(".maps");
 
-/* from_its_device says whether the pod address a packet leaving a pod
- * claims is one of the pods of the device it came from. */
-static __always_inline int from_its_device(struct __sk_buff *skb, const void *addr, int len, __u8 family)
-{
-	struct pod_key k = { .family = family };
-	__u32 *ifindex;
+/* The datagrams whose first fragment passed, as Cilium's
+ * cilium_ipv4_frag_datagrams: later fragments carry no ports, and follow
+ * the first one's verdict. */
+struct frag_key {
+	__u8 family;
+	__u8 protocol;
+	__u8 pad[2];
+	__u32 id; /* IPv4: the 16-bit identification; IPv6: the fragment header's */
+	__u8 src[16];
+	__u8 dst[16];
+	__u32 ifindex;
+};
 
-	if (skb->ifindex == LOOPBACK_IFINDEX)
-		return 1;
-	__builtin_memcpy(k.addr, addr, len);
-	ifindex = bpf_map_lookup_elem(&enimasq_policy_pods, &k);
-	return ifindex && *ifindex == skb->ifindex;
-}
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, __u64); /* when the first fragment passed */
+	__uint(max_entries, FRAG_MAX_ENTRIES);
+} enimasq_policy_frags SEC(".maps");
 
-/* The fields of a packet that the policy looks at. */
+/* The IP header fields the policy looks at, read from the packet with
+ * bpf_skb_load_bytes: headers in the paged part of an skb (a large frame
+ * sent through AF_PACKET) are read like linear ones. */
+struct pkt {
+	__u8 family;   /* 4 or 6 */
+	__u8 protocol; /* the transport protocol, past IPv6 extension headers */
+	__u8 hop_limit;
+	__u8 frag;     /* FRAG_NONE, FRAG_FIRST, FRAG_LATER */
+	__u32 frag_id;
+	__u32 l4off;   /* offset of the transport header */
+	__u32 ifindex; /* the device the program runs on */
+	__u32 ingress_ifindex; /* the device the packet entered the node by, 0 if the node sent it */
+	__u8 src[16];
+	__u8 dst[16];
+};
+
+/* The fields of the transport header that the policy looks at. */
 struct flow {
 	__u32 protocol;
 	__u32 port;       /* destination port */
 	__u32 sport;      /* source port */
-	__u8 port_known;  /* false for ICMP, non-first fragments, other protocols */
+	__u8 port_known;  /* false for ICMP, later fragments, other protocols */
 	__u8 echo;        /* 1: an ICMP echo request, 2: an echo reply (id in sport) */
 	__u8 rst;         /* a TCP RST */
+	__u8 icmp_type;   /* ICMP and ICMPv6 */
 };
+
+#define PARSE_IP 0
+#define PARSE_ARP 1
+#define PARSE_BAD -1
+
+static __always_inline int is_ipv6_ext(__u8 nh)
+{
+	return nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS || nh == IPPROTO_FRAGMENT ||
+	       nh == IPPROTO_AH;
+}
+
+/* parse reads the frame's Ethernet and IP headers (and IPv6's extension
+ * headers) into p. It refuses what it cannot judge: a VLAN tag (stripped by
+ * the kernel into the skb, or still in the frame), an EtherType other than
+ * IPv4, IPv6 and ARP, a truncated or inconsistent IP header, more IPv6
+ * extension headers than it walks. */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__be16 proto;
+
+	p->ifindex = skb->ifindex;
+	p->ingress_ifindex = skb->ingress_ifindex;
+	if (skb->vlan_present)
+		return PARSE_BAD;
+	if (bpf_skb_load_bytes(skb, 12, &proto, sizeof(proto)))
+		return PARSE_BAD;
+	if (proto == bpf_htons(ETH_P_ARP))
+		return PARSE_ARP;
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		__u16 frag_off;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
+			return PARSE_BAD;
+		p->family = 4;
+		p->protocol = ip.protocol;
+		p->hop_limit = ip.ttl;
+		p->l4off = ETH_HLEN + ip.ihl * 4;
+		__builtin_memcpy(p->src, &ip.saddr, 4);
+		__builtin_memcpy(p->dst, &ip.daddr, 4);
+		frag_off = bpf_ntohs(ip.frag_off);
+		if (frag_off & 0x1fff)
+			p->frag = FRAG_LATER;
+		else if (frag_off & 0x2000) /* more fragments */
+			p->frag = FRAG_FIRST;
+		p->frag_id = ip.id;
+		return PARSE_IP;
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		__u32 off = ETH_HLEN + sizeof(ip6);
+		__u8 nh;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) || ip6.version != 6)
+			return PARSE_BAD;
+		p->family = 6;
+		p->hop_limit = ip6.hop_limit;
+		__builtin_memcpy(p->src, &ip6.saddr, 16);
+		__builtin_memcpy(p->dst, &ip6.daddr, 16);
+		nh = ip6.nexthdr;
+#pragma unroll
+		for (int i = 0; i < IPV6_MAX_EXT_HEADERS; i++) {
+			__u8 h[8];
+
+			if (!is_ipv6_ext(nh) || p->frag == FRAG_LATER)
+				break;
+			if (bpf_skb_load_bytes(skb, off, h, sizeof(h)))
+				return PARSE_BAD;
+			if (nh == IPPROTO_FRAGMENT) {
+				__u16 frag_off = ((__u16)h[2] << 8) | h[3];
+
+				if (frag_off & 0xfff8)
+					p->frag = FRAG_LATER; /* the rest is data */
+				else if (frag_off & 1)
+					p->frag = FRAG_FIRST;
+				__builtin_memcpy(&p->frag_id, h + 4, 4);
+				off += 8;
+			} else if (nh == IPPROTO_AH) {
+				off += ((__u32)h[1] + 2) * 4;
+			} else {
+				off += ((__u32)h[1] + 1) * 8;
+			}
+			nh = h[0];
+		}
+		if (is_ipv6_ext(nh) && p->frag != FRAG_LATER)
+			return PARSE_BAD;
+		p->protocol = nh;
+		p->l4off = off;
+		return PARSE_IP;
+	}
+	return PARSE_BAD;
+}
 
 static __always_inline int has_ports(__u8 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
-/* read_dport reads the destination port of a TCP, UDP or SCTP header at l4:
- * all three have the source port then the destination port first. */
-static __always_inline void read_dport(struct flow *f, void *l4, void *data_end)
+static __always_inline int is_icmp(__u8 proto)
 {
-	__be16 *ports = l4;
-	__u8 *b = l4;
+	return proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6;
+}
 
-	if ((f->protocol == IPPROTO_ICMP || f->protocol == IPPROTO_ICMPV6) && (void *)(b + 6) <= data_end) {
+/* read_l4 reads the ports of TCP, UDP and SCTP (all three have the source
+ * port then the destination port first), the type and echo identifier of
+ * ICMP. A first fragment or a whole datagram too short for them is refused
+ * (RFC 1858's tiny fragments): what cannot be read cannot be judged. */
+static __always_inline int read_l4(struct __sk_buff *skb, const struct pkt *p, struct flow *f)
+{
+	__u8 b[14];
+
+	f->protocol = p->protocol;
+	if (!has_ports(p->protocol) && !is_icmp(p->protocol))
+		return 0;
+	if (bpf_skb_load_bytes(skb, p->l4off, b, 8))
+		return -1;
+	if (is_icmp(p->protocol)) {
 		/* type, code, checksum, identifier */
+		f->icmp_type = b[0];
 		if (b[0] == 8 || b[0] == 128)
 			f->echo = 1;
 		else if (b[0] == 0 || b[0] == 129)
 			f->echo = 2;
-		f->sport = bpf_ntohs(*(__be16 *)(b + 4));
-		return;
+		f->sport = ((__u32)b[4] << 8) | b[5];
+		return 0;
 	}
-	if (!has_ports(f->protocol) || (void *)(ports + 2) > data_end)
-		return;
-	f->sport = bpf_ntohs(ports[0]);
-	f->port = bpf_ntohs(ports[1]);
+	f->sport = ((__u32)b[0] << 8) | b[1];
+	f->port = ((__u32)b[2] << 8) | b[3];
 	f->port_known = 1;
-	if (f->protocol == IPPROTO_TCP && (void *)(b + 14) <= data_end)
+	if (p->protocol == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, p->l4off, b, 14))
+			return -1;
 		f->rst = (b[13] & 0x04) != 0;
+	}
+	return 0;
 }
 
 static __always_inline int port_entry_allows(const struct port_entry *e, const struct flow *f)
@@ -223,7 +368,7 @@ static __always_inline __u64 ct_timeout(__u8 proto)
 {
 	if (proto == IPPROTO_TCP)
 		return CT_TIMEOUT_TCP;
-	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+	if (is_icmp(proto))
 		return CT_TIMEOUT_ICMP;
 	return CT_TIMEOUT_UDP;
 }
@@ -310,49 +455,79 @@ static __always_inline int decide(struct __sk_buff *skb, const struct policy_val
 	return TC_ACT_SHOT;
 }
 
-/* icmp_related says whether an ICMP error (destination unreachable, packet
- * too big, time exceeded, parameter problem) is about a live tracked
- * connection of the pod: the header it quotes, at l4 + 8, is a packet of
- * that connection, sent by the pod (on its ingress) or to it (on its
- * egress). Only quotes with a plain header (IPv4 without options, IPv6
- * without extension headers) are read. */
-static __always_inline int icmp_related(void *l4, void *data_end, int egress, int v6)
+static __always_inline int same_addr(const __u8 *a, const __u8 *b, int v6)
 {
-	__u8 *icmp = l4;
-	struct ct_key k = {};
+	if (!v6)
+		return *(const __u32 *)a == *(const __u32 *)b;
+	return ((const __u64 *)a)[0] == ((const __u64 *)b)[0] && ((const __u64 *)a)[1] == ((const __u64 *)b)[1];
+}
+
+/* is_icmp_error says whether an ICMP type is an error that quotes a packet:
+ * destination unreachable, time exceeded, parameter problem (and ICMPv6's
+ * packet too big). */
+static __always_inline int is_icmp_error(const struct pkt *p, const struct flow *f)
+{
+	if (p->protocol == IPPROTO_ICMP)
+		return f->icmp_type == 3 || f->icmp_type == 11 || f->icmp_type == 12;
+	if (p->protocol == IPPROTO_ICMPV6)
+		return f->icmp_type >= 1 && f->icmp_type <= 4;
+	return 0;
+}
+
+/* icmp_related says whether an ICMP error is about a live tracked
+ * connection of this pod on this device: the packet it quotes was sent by
+ * the pod (an error the pod receives: the quoted source is the outer
+ * destination) or to it (an error the pod sends: the quoted destination is
+ * the outer source and the quoted source the outer destination), and is a
+ * packet of that connection. Only quotes with an IPv4 header (with or
+ * without options) or an IPv6 header without extension headers are
+ * read. */
+static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, int egress)
+{
+	struct ct_key k = { .family = p->family, .ifindex = p->ifindex };
+	__u32 off = p->l4off + 8, qoff;
+	__u8 qsrc[16] = {}, qdst[16] = {};
+	__u8 ports[8];
 	struct ct_value *v;
-	__u8 *ports;
+	int v6 = p->family == 6;
 
-	if ((void *)(icmp + 8) > data_end)
-		return 0;
 	if (v6) {
-		struct ipv6hdr *in = (void *)(icmp + 8);
+		struct ipv6hdr in;
 
-		if (icmp[0] < 1 || icmp[0] > 4 || (void *)(in + 1) > data_end)
+		if (bpf_skb_load_bytes(skb, off, &in, sizeof(in)) || in.version != 6)
 			return 0;
-		k.family = 6;
-		k.protocol = in->nexthdr;
-		__builtin_memcpy(k.pod, egress ? &in->daddr : &in->saddr, 16);
-		__builtin_memcpy(k.peer, egress ? &in->saddr : &in->daddr, 16);
-		ports = (void *)(in + 1);
+		k.protocol = in.nexthdr;
+		__builtin_memcpy(qsrc, &in.saddr, 16);
+		__builtin_memcpy(qdst, &in.daddr, 16);
+		qoff = off + sizeof(in);
 	} else {
-		struct iphdr *in = (void *)(icmp + 8);
+		struct iphdr in;
 
-		if ((icmp[0] != 3 && icmp[0] != 11 && icmp[0] != 12) || (void *)(in + 1) > data_end || in->ihl != 5)
+		if (bpf_skb_load_bytes(skb, off, &in, sizeof(in)) || in.version != 4 || in.ihl < 5)
 			return 0;
-		k.family = 4;
-		k.protocol = in->protocol;
-		__builtin_memcpy(k.pod, egress ? &in->daddr : &in->saddr, 4);
-		__builtin_memcpy(k.peer, egress ? &in->saddr : &in->daddr, 4);
-		ports = (void *)(in + 1);
+		k.protocol = in.protocol;
+		__builtin_memcpy(qsrc, &in.saddr, 4);
+		__builtin_memcpy(qdst, &in.daddr, 4);
+		qoff = off + in.ihl * 4;
 	}
-	if ((void *)(ports + 8) > data_end)
+	if (egress) {
+		if (!same_addr(qdst, p->src, v6) || !same_addr(qsrc, p->dst, v6))
+			return 0;
+		__builtin_memcpy(k.pod, qdst, 16);
+		__builtin_memcpy(k.peer, qsrc, 16);
+	} else {
+		if (!same_addr(qsrc, p->dst, v6))
+			return 0;
+		__builtin_memcpy(k.pod, qsrc, 16);
+		__builtin_memcpy(k.peer, qdst, 16);
+	}
+	if (bpf_skb_load_bytes(skb, qoff, ports, sizeof(ports)))
 		return 0;
-	if (k.protocol == IPPROTO_ICMP || k.protocol == IPPROTO_ICMPV6) {
-		k.pod_port = bpf_ntohs(*(__be16 *)(ports + 4)); /* the echo's identifier */
+	if (is_icmp(k.protocol)) {
+		k.pod_port = ((__u16)ports[4] << 8) | ports[5]; /* the echo's identifier */
 		k.peer_port = k.pod_port;
 	} else if (has_ports(k.protocol)) {
-		__u16 sport = bpf_ntohs(*(__be16 *)ports), dport = bpf_ntohs(*(__be16 *)(ports + 2));
+		__u16 sport = ((__u16)ports[0] << 8) | ports[1], dport = ((__u16)ports[2] << 8) | ports[3];
 
 		/* The quoted packet went the other way. */
 		k.pod_port = egress ? dport : sport;
@@ -382,82 +557,173 @@ static __always_inline int decide_tracked(struct __sk_buff *skb, const struct po
 	return ret;
 }
 
+static __always_inline void frag_key_of(struct frag_key *k, struct __sk_buff *skb, const struct pkt *p)
+{
+	k->family = p->family;
+	k->protocol = p->protocol;
+	k->id = p->frag_id;
+	k->ifindex = p->ifindex;
+	__builtin_memcpy(k->src, p->src, 16);
+	__builtin_memcpy(k->dst, p->dst, 16);
+}
+
+/* later_fragment passes a later fragment of a datagram whose first
+ * fragment passed on this device in the last FRAG_TIMEOUT, and drops the
+ * others (their first fragment was denied, or not seen yet). */
+static __always_inline int later_fragment(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct frag_key k = {};
+	__u64 *first;
+
+	frag_key_of(&k, skb, p);
+	first = bpf_map_lookup_elem(&enimasq_policy_frags, &k);
+	if (first && bpf_ktime_get_ns() - *first <= FRAG_TIMEOUT) {
+		skb->cb[0] = REASON_FRAGMENT;
+		return VERDICT_PASS;
+	}
+	skb->cb[0] = REASON_FRAGMENT_UNKNOWN;
+	return TC_ACT_SHOT;
+}
+
+static __always_inline void first_fragment_passed(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct frag_key k = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	frag_key_of(&k, skb, p);
+	bpf_map_update_elem(&enimasq_policy_frags, &k, &now, BPF_ANY);
+}
+
+static __always_inline int link_local(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+static __always_inline int unspecified(const __u8 *a)
+{
+	return ((const __u64 *)a)[0] == 0 && ((const __u64 *)a)[1] == 0;
+}
+
+/* link_scope says whether an IPv6 destination stays on the link: a
+ * link-local unicast address or a link-local multicast group (ff02::/16). */
+static __always_inline int link_scope(const __u8 *a)
+{
+	return link_local(a) || (a[0] == 0xff && (a[1] & 0x0f) == 2);
+}
+
+/* neighbour_discovery says whether an ICMPv6 packet is router or neighbour
+ * discovery as RFC 4861 allows it, which IPv6 needs to work at all and no
+ * policy names: hop limit 255 (so it was not forwarded, and will not be),
+ * router solicitations from a link-local source (or the unspecified one,
+ * to a link-scope destination), advertisements and redirects from a
+ * link-local source, neighbour solicitations and advertisements from a
+ * link-local or unspecified source or to a link-scope destination. A
+ * global source is checked against the pod's device like any other. */
+static __always_inline int neighbour_discovery(const struct pkt *p, const struct flow *f)
+{
+	if (p->family != 6 || p->protocol != IPPROTO_ICMPV6 || p->frag != FRAG_NONE || p->hop_limit != 255)
+		return 0;
+	switch (f->icmp_type) {
+	case 133: /* router solicitation */
+		return link_local(p->src) || (unspecified(p->src) && link_scope(p->dst));
+	case 134: /* router advertisement */
+	case 137: /* redirect */
+		return link_local(p->src);
+	case 135: /* neighbour solicitation */
+	case 136: /* neighbour advertisement */
+		return link_local(p->src) || unspecified(p->src) || link_scope(p->dst);
+	}
+	return 0;
+}
+
+/* pod_device is the ifindex of the device a pod address is routed to, 0
+ * for an address that is no pod's. */
+static __always_inline __u32 pod_device(const struct pkt *p, const __u8 *addr)
+{
+	struct pod_key k = { .family = p->family };
+	__u32 *ifindex;
+
+	__builtin_memcpy(k.addr, addr, 16);
+	ifindex = bpf_map_lookup_elem(&enimasq_policy_pods, &k);
+	return ifindex ? *ifindex : 0;
+}
+
+/* spoofed says whether the packet's source is forged: on the pod's egress,
+ * a source that is not a pod address of this device; on its ingress, a
+ * local pod's address on a packet that entered the node by another device.
+ * BPF_PROG_TEST_RUN (the loopback device) checks neither. */
+static __always_inline int spoofed(struct __sk_buff *skb, const struct pkt *p, int egress)
+{
+	__u32 dev;
+
+	if (p->ifindex == LOOPBACK_IFINDEX)
+		return 0;
+	dev = pod_device(p, p->src);
+	if (egress)
+		return dev != p->ifindex;
+	/* A packet the node itself sends has no ingress device. */
+	return dev && p->ingress_ifindex && dev != p->ingress_ifindex;
+}
+
 static __always_inline int verdict(struct __sk_buff *skb, int egress)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	struct pkt p = {};
 	struct flow f = {};
 	struct ct_key ct = {};
+	const struct policy_value *v;
+	int ret, v6, nd = 0;
 
-	skb->cb[0] = REASON_NOT_IP;
+	skb->cb[0] = REASON_MALFORMED;
 	skb->cb[1] = NO_PORT_ENTRY;
-	if ((void *)(eth + 1) > data_end)
+	ret = parse(skb, &p);
+	if (ret == PARSE_ARP) {
+		skb->cb[0] = REASON_ARP;
 		return VERDICT_PASS;
-
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip4 = (void *)(eth + 1);
-		struct policy_v4_key key = { .prefixlen = 64 };
-
-		if ((void *)(ip4 + 1) > data_end || ip4->ihl < 5)
-			return VERDICT_PASS;
-		f.protocol = ip4->protocol;
-		/* Only the first fragment carries the ports. */
-		if ((ip4->frag_off & bpf_htons(0x1fff)) == 0)
-			read_dport(&f, (void *)ip4 + ip4->ihl * 4, data_end);
-		if (egress && !from_its_device(skb, &ip4->saddr, 4, 4)) {
-			skb->cb[0] = REASON_SPOOFED;
-			return TC_ACT_SHOT;
-		}
-		__builtin_memcpy(key.pod, egress ? &ip4->saddr : &ip4->daddr, 4);
-		__builtin_memcpy(key.peer, egress ? &ip4->daddr : &ip4->saddr, 4);
-		__builtin_memcpy(ct.pod, key.pod, 4);
-		__builtin_memcpy(ct.peer, key.peer, 4);
-		ct.family = 4;
-		if (f.protocol == IPPROTO_ICMP && !f.echo && icmp_related((void *)ip4 + ip4->ihl * 4, data_end, egress, 0)) {
-			skb->cb[0] = REASON_TRACKED;
-			return VERDICT_PASS;
-		}
-		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key), &f, &ct, egress);
 	}
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-		struct policy_v6_key key = { .prefixlen = 256 };
+	if (ret != PARSE_IP)
+		return TC_ACT_SHOT;
+	v6 = p.family == 6;
+	if (p.frag != FRAG_LATER && read_l4(skb, &p, &f))
+		return TC_ACT_SHOT;
 
-		if ((void *)(ip6 + 1) > data_end)
-			return VERDICT_PASS;
-		if (ip6->nexthdr == IPPROTO_ICMPV6) {
-			__u8 *type = (void *)(ip6 + 1);
-
-			/* Router solicitation and advertisement, neighbour
-			 * solicitation and advertisement, redirect: what IPv6
-			 * needs to work at all, from link-local addresses no
-			 * policy names. */
-			if ((void *)(type + 1) <= data_end && *type >= 133 && *type <= 137) {
-				skb->cb[0] = REASON_NEIGHBOR;
-				return VERDICT_PASS;
-			}
-		}
-		if (egress && !from_its_device(skb, &ip6->saddr, 16, 6)) {
-			skb->cb[0] = REASON_SPOOFED;
-			return TC_ACT_SHOT;
-		}
-		/* Extension headers are not walked: behind one, the port is
-		 * unknown and only any-port entries match. */
-		f.protocol = ip6->nexthdr;
-		read_dport(&f, ip6 + 1, data_end);
-		__builtin_memcpy(key.pod, egress ? &ip6->saddr : &ip6->daddr, 16);
-		__builtin_memcpy(key.peer, egress ? &ip6->daddr : &ip6->saddr, 16);
-		__builtin_memcpy(ct.pod, key.pod, 16);
-		__builtin_memcpy(ct.peer, key.peer, 16);
-		ct.family = 6;
-		if (f.protocol == IPPROTO_ICMPV6 && !f.echo && icmp_related(ip6 + 1, data_end, egress, 1)) {
-			skb->cb[0] = REASON_TRACKED;
-			return VERDICT_PASS;
-		}
-		return decide_tracked(skb, bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key), &f, &ct, egress);
+	nd = neighbour_discovery(&p, &f);
+	if (!(nd && (link_local(p.src) || unspecified(p.src))) && spoofed(skb, &p, egress)) {
+		skb->cb[0] = REASON_SPOOFED;
+		return TC_ACT_SHOT;
 	}
-	return VERDICT_PASS;
+	if (nd) {
+		skb->cb[0] = REASON_NEIGHBOR;
+		return VERDICT_PASS;
+	}
+	if (p.frag == FRAG_LATER)
+		return later_fragment(skb, &p);
+
+	ct.family = p.family;
+	ct.ifindex = p.ifindex;
+	__builtin_memcpy(ct.pod, egress ? p.src : p.dst, 16);
+	__builtin_memcpy(ct.peer, egress ? p.dst : p.src, 16);
+	if (is_icmp_error(&p, &f) && icmp_related(skb, &p, egress)) {
+		skb->cb[0] = REASON_TRACKED;
+		ret = VERDICT_PASS;
+	} else {
+		if (v6) {
+			struct policy_v6_key key = { .prefixlen = 256 };
+
+			__builtin_memcpy(key.pod, ct.pod, 16);
+			__builtin_memcpy(key.peer, ct.peer, 16);
+			v = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key);
+		} else {
+			struct policy_v4_key key = { .prefixlen = 64 };
+
+			__builtin_memcpy(key.pod, ct.pod, 4);
+			__builtin_memcpy(key.peer, ct.peer, 4);
+			v = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key);
+		}
+		ret = decide_tracked(skb, v, &f, &ct, egress);
+	}
+	if (ret == VERDICT_PASS && p.frag == FRAG_FIRST)
+		first_fragment_passed(skb, &p);
+	return ret;
 }
 
 SEC("tc")

@@ -23,7 +23,7 @@ type programs struct {
 	mu     sync.Mutex
 	loaded *bpf.PolicyProgram
 	ids    map[string]ebpf.MapID
-	state  []*ebpf.Map // ct, mode, pods
+	state  []*ebpf.Map // ct, mode, pods, frags
 }
 
 // get returns the programs for the current policy maps.
@@ -51,7 +51,8 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 			return nil, err
 		}
 	}
-	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1], bpf.PolicyPodsMapName: p.state[2]}
+	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1], bpf.PolicyPodsMapName: p.state[2],
+		bpf.PolicyFragsMapName: p.state[3]}
 	for name, m := range maps {
 		all[name] = m
 	}
@@ -68,8 +69,8 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 	return prog, nil
 }
 
-// openState opens the pinned connection-tracking, mode and devices' pods
-// maps (made and pinned the first time, kept across restarts) and writes
+// openState opens the pinned connection-tracking, mode, devices' pods and
+// fragments maps (made and pinned the first time, kept across restarts) and writes
 // the mode.
 func (p *programs) openState() ([]*ebpf.Map, error) {
 	ctSpec, modeSpec, err := bpf.PolicyStateSpecs()
@@ -80,11 +81,15 @@ func (p *programs) openState() ([]*ebpf.Map, error) {
 	if err != nil {
 		return nil, err
 	}
+	fragsSpec, err := bpf.PolicyFragsSpec()
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(p.settings.GlobalsDir, 0o700); err != nil {
 		return nil, err
 	}
 	var out []*ebpf.Map
-	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec, podsSpec} {
+	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec, podsSpec, fragsSpec} {
 		spec.Pinning = ebpf.PinByName
 		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
