@@ -39,6 +39,12 @@ type PolicyEndpoint struct {
 	// another family dropped, host bits cleared, excepts outside their
 	// cidr, duplicates.
 	Warnings []string `json:",omitempty"`
+	// Invalid, when set, is why the object in force is not the one written
+	// (its error): the row is its last good version or, with none, its
+	// stand-in (recover.go), which isolates the pods it names and allows
+	// nothing. A stand-in whose name cannot be read has no Namespace and a
+	// Name "FILE#DOCUMENT".
+	Invalid string `json:",omitempty"`
 }
 
 // PodEndpoint is a pod the PolicyEndpoint selects, by IP.
@@ -75,8 +81,14 @@ func (p Port) String() string {
 	return bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}.String()
 }
 
-// Key is "namespace/name", the table's primary key.
-func (pe *PolicyEndpoint) Key() string { return pe.Namespace + "/" + pe.Name }
+// Key is "namespace/name", the table's primary key; a stand-in whose name
+// cannot be read has the key "FILE#DOCUMENT", which no valid object has.
+func (pe *PolicyEndpoint) Key() string {
+	if pe.Namespace == "" {
+		return pe.Name
+	}
+	return pe.Namespace + "/" + pe.Name
+}
 
 // Rules returns the rules of a direction.
 func (pe *PolicyEndpoint) Rules(d bpf.Direction) []Rule {
@@ -136,7 +148,7 @@ func (pe *PolicyEndpoint) podList() string {
 }
 
 func (pe *PolicyEndpoint) TableHeader() []string {
-	return []string{"Name", "Policy", "Isolation", "Pods", "Ingress", "Egress", "Warnings"}
+	return []string{"Name", "Policy", "Isolation", "Pods", "Ingress", "Egress", "Warnings", "Error"}
 }
 
 func (pe *PolicyEndpoint) TableRow() []string {
@@ -148,6 +160,7 @@ func (pe *PolicyEndpoint) TableRow() []string {
 		fmt.Sprintf("%d rules", len(pe.Ingress)),
 		fmt.Sprintf("%d rules", len(pe.Egress)),
 		strings.Join(pe.Warnings, "; "),
+		pe.Invalid,
 	}
 }
 

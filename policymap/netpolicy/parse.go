@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -49,48 +50,80 @@ var protocols = map[string]uint32{"TCP": bpf.ProtocolTCP, "UDP": bpf.ProtocolUDP
 // JSON, one or more documents, each a PolicyEndpoint or a List of them. An
 // empty file holds no objects. Errors name the file, the document when
 // there are several, the object, the field and the value; one error fails
-// the whole file.
+// the whole file (the source puts in force what parsePolicyFile recovers).
 func ParsePolicyEndpoints(path string, data []byte) ([]*PolicyEndpoint, error) {
+	objs, err := parsePolicyFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*PolicyEndpoint, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.pe)
+	}
+	return out, nil
+}
+
+// parsedObject is one object of a file as read: valid (err nil), or the
+// stand-in made of it (recover.go) and its error.
+type parsedObject struct {
+	pe  *PolicyEndpoint
+	err error
+}
+
+// parsePolicyFile parses a file object by object, in order: an object that
+// is not valid is given as its stand-in, with its error; the error returned
+// joins them. Only a file that is too large gives no objects.
+func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	if len(data) > MaxPolicyEndpointFileSize {
 		return nil, fmt.Errorf("%s: file is larger than %d bytes", path, MaxPolicyEndpointFileSize)
 	}
 	docs, err := splitDocuments(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		err = fmt.Errorf("%s: %w", path, err)
+		return []parsedObject{{recoverText(path, standInName(path, 1, -1), data, err), err}}, err
 	}
-	var out []*PolicyEndpoint
+	var out []parsedObject
+	var errs []error
 	seen := map[string]string{} // key -> where
 	for i, doc := range docs {
 		where := path
 		if len(docs) > 1 {
 			where = fmt.Sprintf("%s: document %d", path, i+1)
 		}
-		js, err := strictdecode.ToJSON(doc)
-		if err != nil {
-			return nil, fmt.Errorf("%s: not valid YAML or JSON: %w", where, err)
-		}
-		if bytes.Equal(js, []byte("null")) {
-			continue // blank or comments only
-		}
-		pes, err := parseDocument(path, js)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		for _, pe := range pes {
-			if first, dup := seen[pe.Key()]; dup {
-				return nil, fmt.Errorf("%s: PolicyEndpoint %s is defined twice (first in %s)", where, pe.Key(), first)
+		for _, o := range parseDocument(path, i+1, where, doc) {
+			if o.err == nil {
+				if first, dup := seen[o.pe.Key()]; dup {
+					o.err = fmt.Errorf("%s: PolicyEndpoint %s is defined twice (first in %s)", where, o.pe.Key(), first)
+				} else {
+					seen[o.pe.Key()] = where
+				}
 			}
-			seen[pe.Key()] = where
-			out = append(out, pe)
+			if o.err != nil {
+				errs = append(errs, o.err)
+			}
+			out = append(out, o)
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
-// parseDocument parses one document: a PolicyEndpoint or a list of them.
-func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
+// parseDocument parses document n of file (at where): a PolicyEndpoint or
+// a list of them.
+func parseDocument(file string, n int, where string, doc []byte) []parsedObject {
+	js, err := strictdecode.ToJSON(doc)
+	if err != nil {
+		err = fmt.Errorf("%s: not valid YAML or JSON: %w", where, err)
+		return []parsedObject{{recoverText(file, standInName(file, n, -1), doc, err), err}}
+	}
+	if bytes.Equal(js, []byte("null")) {
+		return nil // blank or comments only
+	}
+	fail := func(err error) []parsedObject {
+		err = fmt.Errorf("%s: %w", where, err)
+		return []parsedObject{{recoverJSON(file, standInName(file, n, -1), "", js, err), err}}
+	}
 	if !bytes.HasPrefix(js, []byte("{")) {
-		return nil, fmt.Errorf("want a PolicyEndpoint or a List, got %s", errtext.Value(js))
+		return fail(fmt.Errorf("want a PolicyEndpoint or a List, got %s", errtext.Value(js)))
 	}
 	var head struct {
 		Kind any `json:"kind"`
@@ -99,27 +132,31 @@ func parseDocument(file string, js []byte) ([]*PolicyEndpoint, error) {
 	switch head.Kind {
 	case PolicyEndpointKind:
 		pe, err := parseObject(file, nil, js)
-		return []*PolicyEndpoint{pe}, err
+		if err != nil {
+			return fail(err)
+		}
+		return []parsedObject{{pe: pe}}
 	case listKind, policyEndpointListKind:
 		var list policyEndpointList
 		if errs := policyDecoder.Fields(nil, js, &list); len(errs) > 0 {
-			return nil, strictdecode.Format(errs)
+			return fail(strictdecode.Format(errs))
 		}
-		out := make([]*PolicyEndpoint, 0, len(list.Items))
+		out := make([]parsedObject, 0, len(list.Items))
 		for i, item := range list.Items {
 			pe, err := parseObject(file, field.NewPath("items").Index(i), item)
 			if err != nil {
-				return nil, err
+				err = fmt.Errorf("%s: %w", where, err)
+				pe = recoverJSON(file, standInName(file, n, i), "", item, err)
 			}
-			out = append(out, pe)
+			out = append(out, parsedObject{pe, err})
 		}
-		return out, nil
+		return out
 	}
 	const kinds = PolicyEndpointKind + ", " + policyEndpointListKind + " or " + listKind
 	if head.Kind == nil || head.Kind == "" {
-		return nil, strictdecode.Format(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)})
+		return fail(strictdecode.Format(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)}))
 	}
-	return nil, strictdecode.Format(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)})
+	return fail(strictdecode.Format(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)}))
 }
 
 // parseObject decodes and validates one PolicyEndpoint object at base (the
@@ -321,11 +358,31 @@ func (v *validator) prefix(path *field.Path, s string) netip.Prefix {
 }
 
 // rules reads the rules of a direction; they have no effect unless the
-// pods are isolated in it.
+// pods are isolated in it. An egress entry without a cidr (a domainName
+// peer of the controller v1.5.0) allows nothing, with a warning: the AWS
+// agent v1.5.0 skips it (controllers/policyendpoints_controller.go, the
+// egress loop of deriveIngressAndEgressFirewallRules). domainName is
+// egress only (api/v1alpha1/policyendpoints_types.go).
 func (v *validator) rules(path *field.Path, in []endpointInfo, isolated bool, dir string) []Rule {
 	var out []Rule
 	for i, r := range in {
 		p := path.Index(i)
+		switch {
+		case r.DomainName != "" && dir == "Ingress":
+			v.fail(field.Invalid(p.Child("domainName"), r.DomainName, "is for egress rules only"))
+			continue
+		case r.CIDR == "" && dir == "Egress":
+			v.excepts(p.Child("except"), r.Except, netip.Prefix{})
+			v.ports(p.Child("ports"), r.Ports)
+			if r.DomainName != "" {
+				v.warn(p, "domainName %q without a cidr: allows nothing (domain names are not enforced; the AWS agent skips the entry)", r.DomainName)
+			} else {
+				v.warn(p, "no cidr: allows nothing (the AWS agent skips the entry)")
+			}
+			continue
+		case r.DomainName != "":
+			v.warn(p.Child("domainName"), "%q is not enforced: the entry's cidr %s is", r.DomainName, r.CIDR)
+		}
 		cidr := v.prefix(p.Child("cidr"), r.CIDR)
 		out = append(out, Rule{CIDR: cidr, Except: v.excepts(p.Child("except"), r.Except, cidr), Ports: v.ports(p.Child("ports"), r.Ports)})
 	}

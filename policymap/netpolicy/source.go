@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/statedb"
@@ -23,11 +24,15 @@ import (
 )
 
 // policySource keeps policy-endpoints equal to the PolicyEndpoint files of
-// a directory. Each file stands alone: an invalid file keeps the objects of
-// its last good version (none if it never was valid) and marks the source
-// Degraded, while the other files still apply. A file that was never valid
-// may hold objects a previous run programmed: the table is initialized (and
-// the maps pruned) only once every file has been valid.
+// a directory. Each file stands alone, and fails closed (recover.go): in a
+// file that is not valid, each valid object applies, an invalid one keeps
+// its last good version, and one without a last good version is replaced
+// by its stand-in, which isolates the pods it names in the directions it
+// names; the source is Degraded, naming the file, field and value, until
+// the file is valid. The table is initialized after the first read of the
+// directory whatever the files hold, so that enforcement starts; only a
+// file that cannot be read at all (not a regular file, no permission, too
+// large) and never was read puts nothing in force.
 type policySource struct {
 	*filesource.Source[*PolicyEndpoint, string] // Dir is the directory
 	node                                        nodeconfig.Config
@@ -47,8 +52,8 @@ func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *pol
 		Dir:    dir,
 		Period: func() time.Duration { return resync },
 		Read:   s.read,
-		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: keeping the last good objects of the files in error",
-			Health: "invalid PolicyEndpoint files, keeping their last good objects", Announce: true}),
+		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: their last good versions stay, or their pods are isolated",
+			Health: "invalid PolicyEndpoint files: their last good objects stay, or their pods are isolated", Announce: true}),
 		Messages: filesource.Messages{
 			Warning:    filesource.Line{Msg: "PolicyEndpoint"},
 			Applied:    filesource.Line{Msg: "Applied PolicyEndpoints"},
@@ -67,17 +72,29 @@ func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *pol
 	return s
 }
 
-// read reads the directory: the objects of the good version of each file,
-// merged, and the errors of the files in error.
+// read reads the directory: the objects of each file (for a file that is
+// not valid, what resolve puts in force), merged, and the errors of the
+// files in error.
 func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 	names, summary, err := s.listFiles()
 	if err != nil {
 		return nil, err
 	}
-	files, complete, errs := s.files.Read(names, s.readFile)
+	var mu sync.Mutex
+	invalid := map[string]*policyFile{} // what a file in error puts in force
+	files, _, errs := s.files.Read(names, func(name string, last *policyFile) (*policyFile, error) {
+		f, inForce, err := s.readFile(name, last)
+		if inForce != nil {
+			mu.Lock()
+			invalid[name] = inForce
+			mu.Unlock()
+		}
+		return f, err
+	})
+	maps.Copy(files, invalid)
 	in := s.input(merge(names, files))
 	slices.Sort(in.Warnings)
-	in.Summary, in.Incomplete = summary, !complete
+	in.Summary = summary
 	if summary == "" {
 		in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(in.Rows), len(names), s.Dir)
 	}
@@ -115,22 +132,35 @@ func (s *policySource) listFiles() ([]string, string, error) {
 }
 
 // readFile reads and parses one file, reusing the last good parse when the
-// content is unchanged.
-func (s *policySource) readFile(name string, last *policyFile) (*policyFile, error) {
+// content is unchanged. For a file that is not valid it returns the error
+// and what the file puts in force (resolve), unless nothing of it can be
+// read (then its last good version stays).
+func (s *policySource) readFile(name string, last *policyFile) (good, inForce *policyFile, err error) {
 	path := filepath.Join(s.Dir, name)
 	data, err := filewatch.ReadRegular(path, MaxPolicyEndpointFileSize)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	digest := sha256.Sum256(data)
 	if last != nil && last.digest == digest {
-		return last, nil
+		return last, nil, nil
 	}
-	pes, err := ParsePolicyEndpoints(path, data)
+	objs, err := parsePolicyFile(path, data)
 	if err != nil {
-		return nil, err
+		if len(objs) == 0 {
+			return nil, nil, err
+		}
+		var lastGood []*PolicyEndpoint
+		if last != nil {
+			lastGood = last.endpoints
+		}
+		return nil, &policyFile{endpoints: resolve(objs, lastGood)}, err
 	}
-	return &policyFile{digest: digest, endpoints: pes}, nil
+	pes := make([]*PolicyEndpoint, 0, len(objs))
+	for _, o := range objs {
+		pes = append(pes, o.pe)
+	}
+	return &policyFile{digest: digest, endpoints: pes}, nil, nil
 }
 
 // merge returns the objects of all files by key, and the warnings to add

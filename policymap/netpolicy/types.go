@@ -67,10 +67,15 @@ type podEndpoint struct {
 }
 
 // endpointInfo is a rule: a CIDR (or an address) with excepts and ports.
+// DomainName is written by the controller v1.5.0 on egress rules (FQDN
+// peers; api/v1alpha1/policyendpoints_types.go, EndpointInfo): it is not
+// enforced, and an egress entry without a cidr allows nothing, as the AWS
+// agent skips it (controllers/policyendpoints_controller.go).
 type endpointInfo struct {
-	CIDR   string     `json:"cidr"`
-	Except []string   `json:"except"`
-	Ports  []portInfo `json:"ports"`
+	CIDR       string     `json:"cidr"`
+	DomainName string     `json:"domainName"`
+	Except     []string   `json:"except"`
+	Ports      []portInfo `json:"ports"`
 }
 
 // portInfo: a nil Protocol is TCP, a nil Port every port.
