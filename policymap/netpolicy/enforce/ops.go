@@ -8,13 +8,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/statedb"
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/vishvananda/netlink"
@@ -111,10 +108,6 @@ func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
 	return ingress, nil
 }
 
-func (o *ops) pinPath(device string, h hook) string {
-	return filepath.Join(o.settings.LinksDir, device+"_"+h.name)
-}
-
 // Update puts the programs on both sides of the device, or checks that they
 // are there (a refresh), attached to this ifindex and the current programs.
 // The device's pods are bound to it first, so that the programs never see
@@ -150,61 +143,6 @@ func (o *ops) attach(a *Attachment, h hook, prog *ebpf.Program) error {
 		// No tcx in this kernel: tc.
 	}
 	return o.attachTC(a, h, prog)
-}
-
-// attachTCX keeps a tcx link of prog on the hook, pinned: the pinned link,
-// if it is still attached to this ifindex, is moved to prog; else (the
-// device made again, the link detached by hand) it is replaced.
-func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
-	path := o.pinPath(a.Device, h)
-	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		ok, err := o.attachedTCX(l, a, h, prog)
-		if ok || err != nil {
-			l.Close()
-			return err
-		}
-		l.Unpin()
-		l.Close()
-		o.log.Info("Policy program no longer on the pod's device (detached, or the device made again): attaching it again",
-			"device", a.Device, "ifindex", a.Ifindex, "side", h.name)
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: a.Ifindex, Program: prog, Attach: h.tcx})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	if err := os.MkdirAll(o.settings.LinksDir, 0o700); err != nil {
-		return err
-	}
-	os.Remove(path)
-	if err := l.Pin(path); err != nil {
-		return fmt.Errorf("pin the link at %s: %w", path, err)
-	}
-	return nil
-}
-
-// attachedTCX says whether the pinned link l is attached to the device's
-// hook, moving it to prog if it holds another program.
-func (o *ops) attachedTCX(l link.Link, a *Attachment, h hook, prog *ebpf.Program) (bool, error) {
-	info, err := l.Info()
-	if err != nil {
-		return false, nil
-	}
-	tcx := info.TCX()
-	if tcx == nil || int(tcx.Ifindex) != a.Ifindex || ebpf.AttachType(tcx.AttachType) != h.tcx {
-		return false, nil
-	}
-	pinfo, err := prog.Info()
-	if err != nil {
-		return false, err
-	}
-	if id, _ := pinfo.ID(); id == info.Program {
-		return true, nil
-	}
-	if err := l.Update(prog); err != nil {
-		return false, fmt.Errorf("move the link to the new program: %w", err)
-	}
-	return true, nil
 }
 
 // attachTC keeps a direct-action bpf filter of prog on the device's clsact
@@ -261,15 +199,6 @@ func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a
 	return errors.Join(errs...)
 }
 
-// detach removes the pin of the device's link: the link, held by nothing
-// else, goes and detaches.
-func (o *ops) detach(device string, h hook) error {
-	if err := os.Remove(o.pinPath(device, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("detach from the %s of %s: %w", h.name, device, err)
-	}
-	return nil
-}
-
 func deleteTCFilter(ifindex int, h hook) error {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
@@ -302,21 +231,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Att
 	}
 	var errs []error
 	errs = append(errs, o.pruneBindings(bound))
-	entries, err := os.ReadDir(o.settings.LinksDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	for _, e := range entries {
-		device, side, ok := cutLast(e.Name(), "_")
-		if !ok || desired[device] {
-			continue
-		}
-		for _, h := range hooks {
-			if h.name == side {
-				errs = append(errs, o.detach(device, h))
-			}
-		}
-	}
+	errs = append(errs, o.pruneLinks(desired))
 	if o.usedTC.Load() || o.settings.Attach == AttachTC || !o.pruned.Swap(true) {
 		errs = append(errs, deleteTCFilters(desired))
 	}
@@ -350,14 +265,6 @@ func removeAll(linksDir string) error {
 		errs = append(errs, fmt.Errorf("%s is still there", linksDir))
 	}
 	return errors.Join(append(errs, deleteTCFilters(nil))...)
-}
-
-func cutLast(s, sep string) (before, after string, ok bool) {
-	i := strings.LastIndex(s, sep)
-	if i < 0 {
-		return s, "", false
-	}
-	return s[:i], s[i+len(sep):], true
 }
 
 // pruneBindings deletes the bindings of pods that no row lists.
