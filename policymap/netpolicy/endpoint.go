@@ -45,6 +45,8 @@ type PolicyEndpoint struct {
 	// nothing. A stand-in whose name cannot be read has no Namespace and a
 	// Name "FILE#DOCUMENT".
 	Invalid string `json:",omitempty"`
+	// isStandIn: the object is a stand-in, not a version of the object.
+	isStandIn bool
 }
 
 // PodEndpoint is a pod the PolicyEndpoint selects, by IP.

@@ -167,7 +167,7 @@ func validName(s string) bool {
 // rules, the cause on the row.
 func (pe *PolicyEndpoint) standIn(cause error) *PolicyEndpoint {
 	pe.Ingress, pe.Egress = nil, nil
-	pe.Invalid = cause.Error()
+	pe.Invalid, pe.isStandIn = cause.Error(), true
 	pe.Warnings = []string{fmt.Sprintf("not valid and no last good version: its %d pod IPs are isolated in %s, allowing nothing but their node, until it is valid",
 		len(pe.Pods), pe.isolation())}
 	return pe

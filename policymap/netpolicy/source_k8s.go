@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -29,11 +30,14 @@ import (
 // change and every --policy-endpoints-resync-interval.
 //
 // Each object goes through the same parser and validator as a file
-// (ParsePolicyEndpoints, on its JSON). An invalid object keeps its last
-// good version (none if it never was valid) and makes health Degraded. An
+// (ParsePolicyEndpoints, on its JSON), and fails closed as a file does
+// (recover.go): an invalid object keeps its last good version, and without
+// one is replaced by its stand-in, which isolates the pods it names in the
+// directions it names (a pod whose hostIP cannot be read is kept: it may be
+// this node's); health is Degraded, naming the object, field and value. An
 // API error leaves the table as it is (Degraded, retried by the informer's
-// backoff). The table is initialized once the informer has synced and every
-// object has been valid.
+// backoff). The table is initialized once the informer has synced, whatever
+// the objects hold.
 type policyK8sSource struct {
 	*policySource
 	client  *k8sclient.Client
@@ -137,17 +141,28 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 		byKey[key] = obj
 		keys = append(keys, key)
 	}
-	current, complete, errs := s.objects.Read(keys, func(key string, last *policyObject) (*policyObject, error) {
+	var invalidMu sync.Mutex
+	invalid := map[string]*policyObject{} // what an object in error puts in force
+	current, _, errs := s.objects.Read(keys, func(key string, last *policyObject) (*policyObject, error) {
 		obj := byKey[key]
 		if last != nil && last.resourceVersion == obj.GetResourceVersion() {
 			return last, nil
 		}
 		pe, err := parseAPIObject(key, obj.Object)
 		if err != nil {
+			var lastGood []*PolicyEndpoint
+			if last != nil {
+				lastGood = []*PolicyEndpoint{last.pe}
+			}
+			stand := recoverAPIObject(key, obj.Object, err)
+			invalidMu.Lock()
+			invalid[key] = &policyObject{pe: resolve([]parsedObject{{stand, err}}, lastGood)[0]}
+			invalidMu.Unlock()
 			return nil, err
 		}
 		return &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}, nil
 	})
+	maps.Copy(current, invalid)
 
 	desired := map[string]*PolicyEndpoint{}
 	for key, obj := range current {
@@ -157,7 +172,6 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 	}
 	in := s.input(desired, nil)
 	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
-	in.Incomplete = !complete
 	s.Update(health, in, errs)
 }
 
@@ -181,12 +195,25 @@ func parseAPIObject(key string, obj map[string]any) (*PolicyEndpoint, error) {
 	return pe, nil
 }
 
+// recoverAPIObject is the stand-in of an object of the API server that is
+// not valid.
+func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoint {
+	file := "policyendpoints/" + key
+	data, err := json.Marshal(obj)
+	if err != nil {
+		data = nil // no pods can be read
+	}
+	return recoverJSON(file, key, key, data, cause)
+}
+
 // podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil
 // when none is. An object whose pods are all on this node is returned as is.
+// The pods of a stand-in whose hostIP cannot be read are kept: they may be
+// this node's, and isolating a pod of another node has no effect here.
 func podsOnNode(pe *PolicyEndpoint, addrs map[netip.Addr]bool) *PolicyEndpoint {
 	var pods []PodEndpoint
 	for _, p := range pe.Pods {
-		if p.HostIP.IsValid() && addrs[p.HostIP] {
+		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && pe.isStandIn {
 			pods = append(pods, p)
 		}
 	}
