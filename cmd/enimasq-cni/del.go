@@ -1,20 +1,21 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
 
-// cmdDel removes the veth and releases the attachment's IPs, and only
-// those: another sandbox of the same pod keeps its own. An attachment the
+// cmdDel removes the attachment's veth and releases its IPs, and only
+// those: another sandbox of the same pod keeps its own, and another
+// network's attachment of the same container and interface keeps its veth
+// (the veth's name has no network in it): the veth goes only when it is
+// provably this network's attachment's (ownedVeths). An attachment the
 // agent does not hold is released already. Allocations migrated from a
 // version-1 checkpoint have no attachment: when the attachment holds
 // nothing, the pod's allocations of the family without an attachment are
@@ -25,26 +26,32 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 
-	// The veth goes first: it is local, and removing the host side removes
-	// the pair and the host route. A veth already gone is fine.
-	if err := ip.DelLinkByName(hostVethName(att)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
-		return types.NewError(types.ErrInternal, "enimasq-cni: remove veth", err.Error())
+	// The agent says which IPs this network's attachment holds, and the
+	// node's routes which veth they go via, before anything is released.
+	// With the agent down or not ready, only what the runtime's prevResult
+	// proves is this attachment's goes; the kubelet retries DEL.
+	agent := newAgentClient(conf.AgentSocket, 10*time.Second)
+	held, agentErr := agent.attachmentAllocations(att)
+	routes, err := nodePodRoutes()
+	if err != nil {
+		return types.NewError(types.ErrInternal, "enimasq-cni: find the attachment's veth", err.Error())
+	}
+	veths, err := ownedVeths(att, ips(held), prevResultOf(conf), routes)
+	if err != nil {
+		return types.NewError(types.ErrInternal, "enimasq-cni: find the attachment's veth", err.Error())
+	}
+	// The veth goes before the IPs: removing the host side removes the pair
+	// and the host route, so a released IP is never still routed to it.
+	if err := removeVeths(veths); err != nil {
+		return err
+	}
+	if agentErr != nil {
+		return agentError("release of "+p.Owner+" failed", agentErr)
 	}
 
-	// The kubelet retries DEL: what fails here is released when the agent
-	// is back.
-	agent := newAgentClient(conf.AgentSocket, 10*time.Second)
 	released, err := agent.releaseAttachment(att)
 	if err != nil {
 		return agentError("release of "+p.Owner+" failed", err)
-	}
-	for _, a := range released {
-		if a.Network == "" {
-			// Made when the veth was named after the container alone.
-			if err := ip.DelLinkByName(legacyHostVethName(a.ContainerID)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
-				return types.NewError(types.ErrInternal, "enimasq-cni: remove veth", err.Error())
-			}
-		}
 	}
 	if len(released) > 0 {
 		return nil
@@ -59,7 +66,7 @@ func cmdDel(args *skel.CmdArgs) error {
 // owners) without an attachment: those of a version-1 checkpoint, made
 // before allocations were held by attachments. An IP that the node still
 // routes to a pod's veth belongs to a live sandbox of the pod (this DEL's
-// own veth is gone already): it stays.
+// own veth is gone already when its prevResult named it): it stays.
 func releaseLegacy(agent *agentClient, conf *NetConf, p pod) error {
 	legacy, err := agent.legacyAllocations(append([]string{p.Owner}, p.LegacyOwners...), conf.Family)
 	if err != nil {

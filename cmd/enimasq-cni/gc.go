@@ -9,15 +9,14 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/vishvananda/netlink"
 )
 
 // cmdGC (CNI 1.1) releases the IPs of every attachment of the network
 // (its name, conf.Name) that is not in cni.dev/valid-attachments, and
-// removes their host veths (and so their host routes); the attachments of
-// other networks are not looked at. Without the key, as cnitool's gc sends it,
-// no attachment is valid. Allocations made through the agent API (no
+// removes the host veths that route those IPs (and so their host routes);
+// the attachments of other networks are not looked at, nor their veths.
+// Without the key, as cnitool's gc sends it, no attachment is valid. Allocations made through the agent API (no
 // attachment) are not the plugin's: they stay.
 func cmdGC(args *skel.CmdArgs) error {
 	conf, err := netConf(args)
@@ -28,19 +27,30 @@ func cmdGC(args *skel.CmdArgs) error {
 	for _, a := range conf.ValidAttachments {
 		valid = append(valid, ipamapi.Attachment{Network: conf.Name, ContainerID: a.ContainerID, IfName: a.IfName})
 	}
+	// The node's routes from before the release: a released IP handed out
+	// again at once is routed to its new pod's veth.
+	routes, err := nodePodRoutes()
+	if err != nil {
+		return types.NewError(types.ErrInternal, "enimasq-cni: GC", err.Error())
+	}
 	agent := newAgentClient(conf.AgentSocket, 30*time.Second)
 	released, err := agent.gc(conf.Name, valid)
 	if err != nil {
 		return agentError("GC failed", err)
 	}
-	// Each released attachment's veth goes: it is its own (named after its
-	// container and interface).
+	// A released attachment's veth goes when it routes the attachment's IP:
+	// another network's attachment of the same container and interface has
+	// a veth of the same name, which stays.
 	var errs []error
 	for _, a := range released {
 		if a.ContainerID == "" {
 			continue
 		}
-		if err := ip.DelLinkByName(hostVethName(a.Attachment())); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+		veths, err := ownedVeths(a.Attachment(), []string{a.IP}, nil, routes)
+		if err == nil {
+			err = removeVeths(veths)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("remove veth of %s: %w", a.Attachment(), err))
 		}
 	}
