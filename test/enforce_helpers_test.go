@@ -240,6 +240,32 @@ func (n *policyNode) ping(from, dst string) bool {
 	return ok
 }
 
+// The IPv6 addresses of the pod that enableIPv6 makes dual-stack, the
+// peer and the node's side towards it.
+const pod6, peer6, node6 = "fd00::2", "fd00:1::2", "fd00:1::1"
+
+// enableIPv6 turns IPv6 on in the node, the peer and the pod behind
+// device, and gives them addresses and routes: pod6 on the pod (its
+// gateway fe80::1 on device), peer6 on the peer, node6 towards it.
+func (n *policyNode) enableIPv6(pod, device string) {
+	n.t.Helper()
+	t := n.t
+	run(t, "ip", "netns", "exec", n.Node, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0",
+		"net.ipv6.conf.default.disable_ipv6=0", "net.ipv6.conf.all.forwarding=1")
+	for _, ns := range []string{n.podNS(pod), n.peerNS()} {
+		run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+			"net.ipv6.conf.eth0.disable_ipv6=0")
+	}
+	run(t, "ip", "netns", "exec", n.Node, "sysctl", "-qw", "net.ipv6.conf."+device+".disable_ipv6=0", "net.ipv6.conf.peer0.disable_ipv6=0")
+	run(t, "ip", "-n", n.Node, "addr", "add", node6+"/64", "dev", "peer0", "nodad")
+	run(t, "ip", "-n", n.peerNS(), "addr", "add", peer6+"/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", n.peerNS(), "route", "add", "default", "via", node6)
+	run(t, "ip", "-n", n.podNS(pod), "addr", "add", pod6+"/128", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", n.Node, "addr", "add", "fe80::1/64", "dev", device, "nodad")
+	run(t, "ip", "-n", n.podNS(pod), "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+	run(t, "ip", "-n", n.Node, "route", "add", pod6+"/128", "dev", device)
+}
+
 // podNS names a pod's netns.
 func (n *policyNode) podNS(pod string) string { return n.Node + "-" + pod }
 

@@ -477,22 +477,8 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 // discovery keeps working under the programs.
 func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 	node := newPolicyNode(t)
-	const pod6, peer6, node6 = "fd00::2", "fd00:1::2", "fd00:1::1"
-	run(t, "ip", "netns", "exec", node.Node, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0",
-		"net.ipv6.conf.default.disable_ipv6=0", "net.ipv6.conf.all.forwarding=1")
 	node.addPod("a", "enim6a6a6a6a", podA)
-	for _, ns := range []string{node.podNS("a"), node.peerNS()} {
-		run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
-			"net.ipv6.conf.eth0.disable_ipv6=0")
-	}
-	run(t, "ip", "netns", "exec", node.Node, "sysctl", "-qw", "net.ipv6.conf.enim6a6a6a6a.disable_ipv6=0", "net.ipv6.conf.peer0.disable_ipv6=0")
-	run(t, "ip", "-n", node.Node, "addr", "add", node6+"/64", "dev", "peer0", "nodad")
-	run(t, "ip", "-n", node.peerNS(), "addr", "add", peer6+"/64", "dev", "eth0", "nodad")
-	run(t, "ip", "-n", node.peerNS(), "route", "add", "default", "via", node6)
-	run(t, "ip", "-n", node.podNS("a"), "addr", "add", pod6+"/128", "dev", "eth0", "nodad")
-	run(t, "ip", "-n", node.Node, "addr", "add", "fe80::1/64", "dev", "enim6a6a6a6a", "nodad")
-	run(t, "ip", "-n", node.podNS("a"), "route", "add", "default", "via", "fe80::1", "dev", "eth0")
-	run(t, "ip", "-n", node.Node, "route", "add", pod6+"/128", "dev", "enim6a6a6a6a")
+	node.enableIPv6("a", "enim6a6a6a6a")
 
 	// v6 servers in the pod and the peer.
 	for ns, ip := range map[string]string{node.podNS("a"): pod6, node.peerNS(): peer6} {
