@@ -31,6 +31,10 @@ type Source[Obj any, K comparable] struct {
 	// Period is the re-read period, asked again after every read.
 	Dir    string
 	Period func() time.Duration
+	// Settle, when positive, is how long a file written in place must be
+	// stable before it is read (filewatch.Options.Settle): its half-written
+	// states are never read. Renames and ConfigMap swaps are read at once.
+	Settle time.Duration
 	// Read reads and parses the input. It returns nil and the error when
 	// nothing can apply, the input and an error when only a part of it is
 	// bad (that part's last good rows are in the input). It may return the
@@ -69,7 +73,7 @@ type Source[Obj any, K comparable] struct {
 // nearest existing ancestor while Dir is missing) and every Period, until
 // ctx is done.
 func (s *Source[Obj, K]) Run(ctx context.Context, health cell.Health) error {
-	return filewatch.WatchDirPeriod(ctx, s.Log, s.Dir, s.Period, func() {
+	return filewatch.Watch(ctx, s.Log, filewatch.Options{Dir: s.Dir, Period: s.Period, Settle: s.Settle}, func() {
 		in, err := s.Read()
 		s.Update(health, in, err)
 	})

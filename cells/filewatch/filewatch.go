@@ -4,16 +4,35 @@
 // when it changes: inotify on the directory, the nearest existing ancestor
 // while the directory is missing, and a periodic re-read as the safety net.
 //
-// A change that completes a file is acted on at once: a file closed after
-// writing (IN_CLOSE_WRITE), a name renamed into the directory (IN_MOVED_TO:
-// an editor's or a careful writer's rename, a ConfigMap's ..data swap), a
-// symlink created. The events already queued with it are coalesced into the
-// same read, and so are the events that arrive while a read runs (one more
-// read follows it). A change that may leave a file half done or briefly
-// missing (a write still open, a new regular file, a delete, a rename away,
-// a chmod) waits for the burst to settle (debounce): an editor's
-// rename-away, write, close is read once the new file is closed, without
-// the missing file in between.
+// It reads inotify itself rather than through fsnotify, because what to do
+// depends on what fsnotify does not say: IN_CLOSE_WRITE (a file closed after
+// writing; fsnotify reports only the writes), IN_MOVED_TO apart from a
+// create, the end of the watch itself (IN_IGNORED, IN_DELETE_SELF,
+// IN_MOVE_SELF) and a queue overflow; and the events of one read arrive
+// together, so a burst is coalesced into one reload.
+//
+// A change that replaces a file whole is acted on at once: a name renamed
+// into the directory (IN_MOVED_TO: an editor's or a careful writer's
+// rename, a ConfigMap's ..data swap), a symlink created. The events already
+// queued with it are coalesced into the same read, and so are the events
+// that arrive while a read runs (one more read follows). A change that may
+// leave a file half done or briefly missing (a delete, a rename away, a
+// chmod) waits for the burst to settle (debounce): an editor's rename-away,
+// write, close is read once the new file is closed, without the missing
+// file in between.
+//
+// A file written in place (IN_MODIFY: a write or a truncation;
+// IN_CLOSE_WRITE; a new regular file, IN_CREATE) is, by default, read at
+// once when closed and after the debounce while still open. With
+// Options.Settle, it is read only once it has been stable for Settle: no
+// write to it for that long, whether it is closed or not. A writer that
+// truncates a file and writes it in chunks, or opens and closes it for each
+// chunk, is read once, when done, not at each half-written state. A rename
+// over the file ends its settling (the file written in place is gone); a
+// rename or a symlink swap is read at once unless another file of the
+// directory is still settling, as the whole directory is read at once. The
+// periodic re-read is never deferred: a file that never stops changing is
+// still read every period.
 package filewatch
 
 import (
@@ -62,6 +81,22 @@ type event struct {
 // period is asked again after every reload (e.g. the ip-masq-agent file's
 // resyncInterval).
 func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period func() time.Duration, reload func()) error {
+	return Watch(ctx, log, Options{Dir: dir, Period: period}, reload)
+}
+
+// Options say what Watch watches and how.
+type Options struct {
+	Dir    string               // the directory watched
+	Period func() time.Duration // the re-read period, asked again after every reload
+	// Settle, when positive, is how long a file written in place must go
+	// without a write before it is read (see the package doc); 0 reads it
+	// when closed.
+	Settle time.Duration
+}
+
+// Watch is WatchDirPeriod with Options.
+func Watch(ctx context.Context, log *slog.Logger, o Options, reload func()) error {
+	dir, period := o.Dir, o.Period
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("inotify: %w", err)
@@ -105,16 +140,28 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 	// Watch first, then read: an update between the two is not lost.
 	rewatch()
 	reload()
-
 	resync := period()
 	ticker := time.NewTicker(resync)
 	defer ticker.Stop()
 	settle := time.NewTimer(debounce)
 	settle.Stop()
+	// due is when the pending read is to happen (zero: none pending);
+	// writing holds the files written in place that are still settling.
+	var due time.Time
+	writing := map[string]bool{}
+	readBy := func(quiet time.Duration) {
+		if t := time.Now().Add(quiet); t.After(due) {
+			due = t
+		}
+		settle.Reset(time.Until(due))
+	}
+
 	// reloadAndReset reloads and follows a changed period. The read covers
 	// every event received so far: a pending settle is dropped.
 	reloadAndReset := func() {
 		settle.Stop()
+		due = time.Time{}
+		clear(writing)
 		rewatch()
 		reload()
 		if p := period(); p > 0 && p != resync {
@@ -127,11 +174,25 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 		case <-ctx.Done():
 			return nil
 		case batch := <-events:
-			now, later := false, false
+			now, later, wrote := false, false, false
 			for more := true; more; {
 				for _, ev := range batch {
-					n, l := classify(ev, wd, watched, dir)
-					now, later = now || n, later || l
+					switch c := classify(ev, wd, watched, dir); {
+					case c == readNow:
+						now = true
+						delete(writing, ev.name) // replaced whole
+					case c == readLater:
+						later = true
+						if ev.mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0 {
+							delete(writing, ev.name) // gone: nothing to settle
+						}
+					case o.Settle > 0 && (c == written || c == writeClosed):
+						wrote, writing[ev.name] = true, true
+					case c == writeClosed:
+						now = true
+					case c == written:
+						later = true
+					}
 					if ev.wd == wd && ev.mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0 {
 						watched, wd = "", -1 // the watch went with the directory
 					}
@@ -147,10 +208,17 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 				}
 			}
 			switch {
+			case len(writing) > 0:
+				// A file is settling: every read waits for it.
+				if wrote {
+					readBy(o.Settle)
+				} else if later {
+					readBy(debounce)
+				}
 			case now:
 				reloadAndReset()
 			case later:
-				settle.Reset(debounce)
+				readBy(debounce)
 			}
 		case err := <-readErr:
 			return fmt.Errorf("inotify: %w", err)
@@ -162,31 +230,41 @@ func WatchDirPeriod(ctx context.Context, log *slog.Logger, dir string, period fu
 	}
 }
 
-// classify says whether ev calls for a read at once (it completes a file)
-// or after the burst settles (it may leave a file half done or missing).
-// wd and watched are the watch in force.
-func classify(ev event, wd int32, watched, dir string) (now, later bool) {
+// What an event calls for.
+const (
+	ignore      = iota
+	readNow     // it replaces a file whole: read at once
+	readLater   // it may leave a file missing: read after the debounce
+	written     // a file written in place, maybe still open
+	writeClosed // a file written in place and closed
+)
+
+// classify says what ev calls for. wd and watched are the watch in force.
+func classify(ev event, wd int32, watched, dir string) int {
 	switch {
 	case ev.mask&unix.IN_Q_OVERFLOW != 0:
-		return false, true
+		return readLater
 	case ev.wd != wd:
-		return false, false // a watch given up: its queued events are stale
+		return ignore // a watch given up: its queued events are stale
 	case ev.mask&unix.IN_IGNORED != 0:
-		return false, true
+		return readLater
 	case watched != dir:
 		// The ancestor of a missing dir: anything may be dir appearing.
-		return true, false
-	case ev.mask&(unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO) != 0:
-		return true, false
+		return readNow
+	case ev.mask&unix.IN_MOVED_TO != 0:
+		return readNow
+	case ev.mask&unix.IN_CLOSE_WRITE != 0:
+		return writeClosed
+	case ev.mask&unix.IN_MODIFY != 0:
+		return written
 	case ev.mask&unix.IN_CREATE != 0 && ev.mask&unix.IN_ISDIR == 0:
-		// A symlink is complete when created; a regular file is complete
-		// when closed (IN_CLOSE_WRITE).
+		// A symlink is complete when created; a regular file is written.
 		if fi, err := os.Lstat(filepath.Join(dir, ev.name)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			return true, false
+			return readNow
 		}
-		return false, true
+		return written
 	}
-	return false, true
+	return readLater
 }
 
 // readEvents reads inotify events until ino is closed, sending each read's

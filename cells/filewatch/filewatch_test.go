@@ -94,9 +94,9 @@ func TestWatchDirRewatchesARecreatedDirectory(t *testing.T) {
 	expectReload(t, reloads, "a file was written in the new directory")
 }
 
-// A file closed after writing, a rename into the directory and a symlink
-// are read at once; a write still open, a new regular file, a delete and a
-// rename away wait for the burst to settle.
+// A rename into the directory and a symlink are read at once; a write, a
+// close after writing and a new regular file are writes in place; a delete
+// and a rename away wait for the burst to settle.
 func TestClassify(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.Symlink("x", filepath.Join(dir, "link")); err != nil {
@@ -104,29 +104,29 @@ func TestClassify(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "file"), nil, 0o644)
 	for _, tc := range []struct {
-		name      string
-		mask      uint32
-		file      string
-		now, wait bool
+		name string
+		mask uint32
+		file string
+		want int
 	}{
-		{"close-write", unix.IN_CLOSE_WRITE, "file", true, false},
-		{"rename in", unix.IN_MOVED_TO, "file", true, false},
-		{"symlink created", unix.IN_CREATE, "link", true, false},
-		{"regular file created", unix.IN_CREATE, "file", false, true},
-		{"write still open", unix.IN_MODIFY, "file", false, true},
-		{"delete", unix.IN_DELETE, "file", false, true},
-		{"rename away", unix.IN_MOVED_FROM, "file", false, true},
-		{"directory created", unix.IN_CREATE | unix.IN_ISDIR, "d", false, true},
+		{"close-write", unix.IN_CLOSE_WRITE, "file", writeClosed},
+		{"rename in", unix.IN_MOVED_TO, "file", readNow},
+		{"symlink created", unix.IN_CREATE, "link", readNow},
+		{"regular file created", unix.IN_CREATE, "file", written},
+		{"write or truncation", unix.IN_MODIFY, "file", written},
+		{"delete", unix.IN_DELETE, "file", readLater},
+		{"rename away", unix.IN_MOVED_FROM, "file", readLater},
+		{"chmod", unix.IN_ATTRIB, "file", readLater},
+		{"directory created", unix.IN_CREATE | unix.IN_ISDIR, "d", readLater},
 	} {
-		now, wait := classify(event{wd: 1, mask: tc.mask, name: tc.file}, 1, dir, dir)
-		if now != tc.now || wait != tc.wait {
-			t.Errorf("%s: now %t, wait %t; want %t, %t", tc.name, now, wait, tc.now, tc.wait)
+		if got := classify(event{wd: 1, mask: tc.mask, name: tc.file}, 1, dir, dir); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	if now, _ := classify(event{wd: 1, mask: unix.IN_CREATE | unix.IN_ISDIR}, 1, filepath.Dir(dir), dir); !now {
+	if got := classify(event{wd: 1, mask: unix.IN_CREATE | unix.IN_ISDIR}, 1, filepath.Dir(dir), dir); got != readNow {
 		t.Errorf("an event in the ancestor of a missing dir is not read at once")
 	}
-	if now, wait := classify(event{wd: 2, mask: unix.IN_CLOSE_WRITE}, 1, dir, dir); now || wait {
+	if got := classify(event{wd: 2, mask: unix.IN_CLOSE_WRITE}, 1, dir, dir); got != ignore {
 		t.Errorf("an event of a watch given up is acted on")
 	}
 }
