@@ -17,6 +17,16 @@ import (
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
+// SettleTime is how long the file, written in place, must go without a
+// write before it is read: a writer that truncates it and writes it in
+// chunks (a shell redirection, a pipeline, a copy over the network) is
+// applied once, when done, never in its half-written states (an empty file
+// for a moment, half a list). A second is longer than the pauses of a
+// writer that is still working, and short next to how often the file
+// changes and to the periodic re-read. A rename over the file and a
+// ConfigMap's ..data swap are applied at once.
+const SettleTime = time.Second
+
 // source keeps the table in step with the config file. A bad file leaves
 // the table as it is and marks the module degraded until a good file
 // arrives.
@@ -47,6 +57,7 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 	s.Source = &filesource.Source[*CIDR, netip.Prefix]{
 		Dir:    filepath.Dir(path),
 		Period: s.rereadPeriod,
+		Settle: SettleTime,
 		Read:   func() (*filesource.Input[*CIDR], error) { return s.read(path) },
 		Failure: filesource.Always(filesource.Failure{Log: "Invalid ip-masq-agent config: keeping the CIDRs in force",
 			Health: "invalid ip-masq-agent config, keeping the last good CIDRs", Announce: true}),
