@@ -2,7 +2,7 @@ package ipmasq
 
 import "net/netip"
 
-// DefaultNonMasqCIDRs are used when the config file is missing or empty: the
+// DefaultNonMasqCIDRs are used when the config file is missing: the
 // reserved IPv4 ranges, as in Cilium and kubernetes-sigs/ip-masq-agent.
 // There are no IPv6 defaults.
 var DefaultNonMasqCIDRs = []netip.Prefix{

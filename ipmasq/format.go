@@ -61,12 +61,17 @@ func FromMissingFile(path string) Desired {
 	return d
 }
 
-// Parse decodes and validates a config file. A zero-length file is treated as
-// a missing one, as in Cilium. Errors name the file, the field and the value.
+// Parse decodes and validates a config file. A zero-length file is a file
+// without fields, as one with only comments: no CIDRs but link-local (Cilium
+// gives it the defaults of a missing file; the source reads a file written
+// in place only once it is stable, so an empty file is one left empty).
+// Errors name the file, the field and the value.
 func Parse(path string, data []byte) (Desired, error) {
 	if len(data) == 0 {
-		d := fromFile(File{}, true)
-		d.Summary = fmt.Sprintf("%s is empty: %d default CIDRs", path, len(d.CIDRs))
+		d := fromFile(File{}, false)
+		d.Warnings = []string{"the file is empty: only link-local traffic is exempt from masquerading " +
+			"(Cilium would use the reserved-range defaults; delete the file to get them)"}
+		d.Summary = fmt.Sprintf("%s is empty: %d CIDRs", path, len(d.CIDRs))
 		return d, nil
 	}
 	if len(data) > MaxFileSize {
@@ -257,7 +262,7 @@ func validate(f File) (Desired, error) {
 }
 
 // fromFile is the set for a file without CIDRs to validate: the defaults
-// when useDefaults (missing or empty file), plus link-local.
+// when useDefaults (missing file), plus link-local.
 func fromFile(f File, useDefaults bool) Desired {
 	d := fromCIDRs(nil, f)
 	if useDefaults {

@@ -79,7 +79,7 @@ func TestParseSemantics(t *testing.T) {
 		want       []string
 		warning    string
 	}{
-		{"zero bytes is missing", "", append(defaultRows(), "169.254.0.0/16 link-local", "fe80::/10 link-local"), ""},
+		{"zero bytes is a file without fields, not a missing one", "", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "the file is empty"},
 		{"empty list", "nonMasqueradeCIDRs: []", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "nonMasqueradeCIDRs is empty"},
 		{"null list", "nonMasqueradeCIDRs: null\nmasqLinkLocal: null", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "is empty"},
 		{"no link-local", "{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: true, masqLinkLocalIPv6: true}", []string{"10.0.0.0/8 config"}, ""},
@@ -110,6 +110,20 @@ func TestParseSemantics(t *testing.T) {
 				t.Errorf("unexpected warnings %q", d.Warnings)
 			}
 		})
+	}
+}
+
+// A missing file, unlike an empty one, gives the reserved ranges.
+func TestMissingFileGivesTheDefaults(t *testing.T) {
+	var got []string
+	for _, c := range FromMissingFile("f").CIDRs {
+		got = append(got, c.Prefix.String()+" "+string(c.Source))
+	}
+	want := append(defaultRows(), "169.254.0.0/16 link-local", "fe80::/10 link-local")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("rows\n got %v\nwant %v", got, want)
 	}
 }
 
@@ -153,9 +167,6 @@ func FuzzParse(f *testing.F) {
 		d, err := Parse("fuzz", data)
 		if err != nil {
 			return
-		}
-		if len(data) == 0 {
-			return // defaults: not a round trip of configured rows
 		}
 		out, err := Encode(d)
 		if err != nil {

@@ -16,7 +16,7 @@ type Source string
 
 const (
 	SourceConfig    Source = "config"     // listed in nonMasqueradeCIDRs
-	SourceDefault   Source = "default"    // a reserved range, the file being missing or empty
+	SourceDefault   Source = "default"    // a reserved range, the file being missing
 	SourceLinkLocal Source = "link-local" // link-local, masqLinkLocal(IPv6) being false
 )
 
