@@ -94,6 +94,7 @@ type ops struct {
 	// the devices' filters (a tcx node has none of enimasq's).
 	usedTC atomic.Bool
 	pruned atomic.Bool
+	tcx    tcxLinks // the tcx links held open (tcx.go)
 }
 
 func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
