@@ -6,8 +6,11 @@
 // CIDRs live in a table that consumers (the policy-map cell, the ENI IPAM
 // allocator) watch instead of a racy getter; a bad file never removes the
 // CIDRs in force and shows in module health until a good file arrives; the
-// config directory may be missing at start (Cilium exits); and the file is
-// re-read periodically in case a filesystem event was missed.
+// config directory may be missing at start (Cilium exits); a file rewritten
+// in place is applied once it has been stable for SettleTime, never in its
+// half-written states, while renames and ConfigMap ..data swaps are applied
+// at once (cells/filewatch, on inotify); and the file is re-read
+// periodically in case a filesystem event was missed.
 //
 // Changes are applied as a diff: a row that did not change keeps its
 // revision, so downstream reconcilers do no work for it.

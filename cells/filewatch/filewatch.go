@@ -5,10 +5,11 @@
 // while the directory is missing, and a periodic re-read as the safety net.
 //
 // It reads inotify itself rather than through fsnotify, because what to do
-// depends on what fsnotify does not say: IN_CLOSE_WRITE (a file closed after
-// writing; fsnotify reports only the writes), IN_MOVED_TO apart from a
-// create, the end of the watch itself (IN_IGNORED, IN_DELETE_SELF,
-// IN_MOVE_SELF) and a queue overflow; and the events of one read arrive
+// depends on what fsnotify (v1.10.1) does not say: it has no IN_CLOSE_WRITE
+// (a file closed after writing: an unexported op there), and it reports
+// IN_CREATE and IN_MOVED_TO both as Create, so a name renamed in (a file
+// complete, to read at once) cannot be told from a new file still being
+// written (to let settle). Reading inotify, the events of one read also come
 // together, so a burst is coalesced into one reload.
 //
 // A change that replaces a file whole is acted on at once: a name renamed
@@ -218,6 +219,9 @@ func Watch(ctx context.Context, log *slog.Logger, o Options, reload func()) erro
 			case now:
 				reloadAndReset()
 			case later:
+				// No file settles (any that did went): the debounce
+				// alone says when.
+				due = time.Time{}
 				readBy(debounce)
 			}
 		case err := <-readErr:
