@@ -98,7 +98,7 @@ func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 	if summary == "" {
 		in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(in.Rows), len(names), s.Dir)
 	}
-	return in, errs
+	return in, joinErrors(errs)
 }
 
 // listFiles returns the names of the files in the directory, sorted,

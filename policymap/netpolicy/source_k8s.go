@@ -172,7 +172,7 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 	}
 	in := s.input(desired, nil)
 	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
-	s.Update(health, in, errs)
+	s.Update(health, in, joinErrors(errs))
 }
 
 // apiFailure reports a failure of the API source: reason says what stays.
