@@ -12,6 +12,7 @@ import (
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/masqmap"
 	"github.com/enimasq/enimasq/policymap/netpolicy"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 
 // Features are enimasq's feature cells: the group an embedding agent links.
@@ -31,7 +32,7 @@ var Features = cell.Group(
 var Agent = cell.Group(
 	infra.Infrastructure,
 	Features,
-	cell.Provide(mountIPAMAPI),
+	cell.Provide(mountIPAMAPI, mountPolicyAPI),
 )
 
 // apiHandlersOut adds several handlers to the agent API.
@@ -46,6 +47,16 @@ type apiHandlersOut struct {
 func mountIPAMAPI(api *allocator.API) apiHandlersOut {
 	var out apiHandlersOut
 	for _, pattern := range allocator.APIPatterns {
+		out.Handlers = append(out.Handlers, infra.APIHandler{Pattern: pattern, Handler: api})
+	}
+	return out
+}
+
+// mountPolicyAPI serves the wait for the policy programs on a pod's device
+// (/v1/policy), which enimasq-cni's ADD asks, on the agent socket.
+func mountPolicyAPI(api *enforce.API) apiHandlersOut {
+	var out apiHandlersOut
+	for _, pattern := range enforce.APIPatterns {
 		out.Handlers = append(out.Handlers, infra.APIHandler{Pattern: pattern, Handler: api})
 	}
 	return out

@@ -10,11 +10,17 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Cell keeps the policy programs on the pods' devices. It takes Settings,
-// SelectedPods and PolicyMaps, and provides the policy-attachments table.
+// Cell keeps the policy programs on the pods' devices and every pod
+// address bound to its device. It takes Settings, SelectedPods and
+// PolicyMaps, and provides the policy-attachments and policy-bindings
+// tables and the API that a CNI ADD waits on (*API).
 var Cell = cell.Group(
-	cell.ProvidePrivate(NewTable),
-	cell.Provide(statedb.RWTable[*Attachment].ToTable),
+	cell.ProvidePrivate(NewTable, NewBindingsTable),
+	cell.Provide(
+		statedb.RWTable[*Attachment].ToTable,
+		statedb.RWTable[*Binding].ToTable,
+		newAPI,
+	),
 	cell.Invoke(register),
 )
 
@@ -27,14 +33,20 @@ type params struct {
 	Pods      SelectedPods
 	Maps      PolicyMaps
 	Table     statedb.RWTable[*Attachment]
+	Bindings  statedb.RWTable[*Binding]
 	Jobs      job.Group
 	Lifecycle cell.Lifecycle
 	Reconcile reconciler.Params
 }
 
 func register(p params) error {
-	wtxn := p.DB.WriteTxn(p.Table)
-	initDone := p.Table.RegisterInitializer(wtxn, "policy-attachments")
+	wtxn := p.DB.WriteTxn(p.Table, p.Bindings)
+	attachmentsDone := p.Table.RegisterInitializer(wtxn, "policy-attachments")
+	bindingsDone := p.Bindings.RegisterInitializer(wtxn, "policy-bindings")
+	initDone := func(wtxn statedb.WriteTxn) {
+		attachmentsDone(wtxn)
+		bindingsDone(wtxn)
+	}
 	if p.Settings.Off != "" {
 		initDone(wtxn)
 		wtxn.Commit()
@@ -61,7 +73,7 @@ func register(p params) error {
 		},
 		OnStop: func(cell.HookContext) error { progs.close(); return nil },
 	})
-	d := &deriver{log: p.Log, db: p.DB, table: p.Table, pods: p.Pods, settings: p.Settings, initDone: initDone}
+	d := &deriver{log: p.Log, db: p.DB, table: p.Table, bindings: p.Bindings, pods: p.Pods, settings: p.Settings, initDone: initDone}
 	p.Jobs.Add(job.OneShot("derive-policy-attachments", d.run))
 	_, err := reconciler.Register(
 		p.Reconcile, p.Table,
@@ -72,6 +84,20 @@ func register(p params) error {
 		reconciler.WithPruning(p.Settings.CheckInterval),
 		// The refresh is the check against the kernel: a program detached
 		// by hand is attached again within CheckInterval.
+		reconciler.WithRefreshing(p.Settings.CheckInterval, rate.NewLimiter(rate.Inf, 1)),
+	)
+	if err != nil {
+		return err
+	}
+	// Every pod address bound to its device, attached or not: the
+	// programs judge a local pod's address by the device it came from.
+	_, err = reconciler.Register(
+		p.Reconcile, p.Bindings,
+		(*Binding).Clone, (*Binding).SetStatus, (*Binding).GetStatus,
+		&bindingOps{log: p.Log, progs: progs}, nil,
+		reconciler.WithName("policy-bindings"),
+		reconciler.WithRetry(p.Settings.CheckInterval/10, p.Settings.CheckInterval*10),
+		reconciler.WithPruning(p.Settings.CheckInterval),
 		reconciler.WithRefreshing(p.Settings.CheckInterval, rate.NewLimiter(rate.Inf, 1)),
 	)
 	return err

@@ -20,12 +20,15 @@ import (
 
 // deriver keeps policy-attachments equal to the pod devices to enforce on:
 // the veths that the node's host routes to selected pods (to every pod, in
-// strict mode) leave by. It derives again when the selection changes and
-// when a link or a route comes or goes.
+// strict mode) leave by, each with every address routed to it; and
+// policy-bindings equal to every pod address routed to a veth, whatever its
+// policy. It derives again when the selection changes and when a link or a
+// route comes or goes.
 type deriver struct {
 	log      *slog.Logger
 	db       *statedb.DB
 	table    statedb.RWTable[*Attachment]
+	bindings statedb.RWTable[*Binding]
 	pods     SelectedPods
 	settings Settings
 	initDone func(statedb.WriteTxn)
@@ -88,19 +91,21 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 			}
 			continue
 		}
-		rows, err := d.desired(pods)
+		rows, bindings, err := d.desired(pods)
 		if err != nil {
 			health.Degraded("listing the pods' devices", err)
 		} else {
-			wtxn := d.db.WriteTxn(d.table)
+			wtxn := d.db.WriteTxn(d.table, d.bindings)
 			n := tablesync.Rows[*Attachment, string]{
 				Key:    func(a *Attachment) string { return a.Device },
 				Query:  DeviceIndex.Query,
 				Same:   (*Attachment).sameDesired,
 				Insert: func(a *Attachment) *Attachment { return a.SetStatus(reconciler.StatusPending()) },
 			}.Sync(wtxn, d.table, rows)
-			if n > 0 {
-				d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", n)
+			nb := bindingRows.Sync(wtxn, d.bindings, bindings)
+			if n > 0 || nb > 0 {
+				d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", n,
+					"bindings", len(bindings), "bindings-changed", nb)
 			}
 			if d.initDone != nil {
 				d.initDone(wtxn)
@@ -128,17 +133,29 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 }
 
 // desired lists the attachments: one per veth that host routes of the main
-// table to pods lead to.
-func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, error) {
+// table to pods lead to (a selected pod's, or any pod's in strict mode),
+// with every pod address routed to it; and the bindings: every pod address
+// routed to a veth.
+func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, []*Binding, error) {
 	want := map[netip.Addr]bool{}
 	for _, p := range selected {
 		want[p] = true
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return nil, fmt.Errorf("ip route list: %w", err)
+		return nil, nil, fmt.Errorf("ip route list: %w", err)
 	}
+	// The lowest metric wins where an address is routed twice, as in the
+	// kernel's lookup; then the lowest ifindex.
+	slices.SortStableFunc(routes, func(a, b netlink.Route) int {
+		if a.Priority != b.Priority {
+			return a.Priority - b.Priority
+		}
+		return a.LinkIndex - b.LinkIndex
+	})
 	byIndex := map[int]*Attachment{}
+	enforced := map[int]bool{}
+	bound := map[netip.Addr]*Binding{}
 	for _, r := range routes {
 		if r.Dst == nil || r.LinkIndex == 0 {
 			continue
@@ -149,7 +166,7 @@ func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, error) {
 			continue
 		}
 		addr = addr.Unmap()
-		if d.settings.Mode != bpf.PolicyModeStrict && !want[addr] {
+		if bound[addr] != nil {
 			continue
 		}
 		a := byIndex[r.LinkIndex]
@@ -162,12 +179,23 @@ func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, error) {
 			byIndex[r.LinkIndex] = a
 		}
 		a.Pods = append(a.Pods, addr)
+		bound[addr] = &Binding{Addr: addr, Device: a.Device, Ifindex: a.Ifindex}
+		if d.settings.Mode == bpf.PolicyModeStrict || want[addr] {
+			enforced[r.LinkIndex] = true
+		}
 	}
-	out := make([]*Attachment, 0, len(byIndex))
-	for _, a := range byIndex {
-		slices.SortFunc(a.Pods, netip.Addr.Compare)
-		out = append(out, a)
+	out := make([]*Attachment, 0, len(enforced))
+	for index, a := range byIndex {
+		if enforced[index] {
+			slices.SortFunc(a.Pods, netip.Addr.Compare)
+			out = append(out, a)
+		}
 	}
 	slices.SortFunc(out, func(a, b *Attachment) int { return a.Ifindex - b.Ifindex })
-	return out, nil
+	bindings := make([]*Binding, 0, len(bound))
+	for _, b := range bound {
+		bindings = append(bindings, b)
+	}
+	slices.SortFunc(bindings, func(a, b *Binding) int { return a.Addr.Compare(b.Addr) })
+	return out, bindings, nil
 }

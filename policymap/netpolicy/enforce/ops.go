@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"net/netip"
 	"os"
-	"slices"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -111,8 +109,9 @@ func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
 
 // Update puts the programs on both sides of the device, or checks that they
 // are there (a refresh), attached to this ifindex and the current programs.
-// The device's pods are bound to it first, so that the programs never see
-// a pod of the device as foreign.
+// The device's pods are bound to it first (policy-bindings binds them too,
+// whether or not the device is attached), so that the programs never see a
+// pod of the device as foreign.
 func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
 	pods, err := o.progs.pods()
 	if err != nil {
@@ -177,7 +176,7 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 	return nil
 }
 
-// Delete takes the programs off the device, then its pods' bindings.
+// Delete takes the programs off the device, then forgets its connections.
 func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
 	var errs []error
 	for _, h := range hooks {
@@ -186,17 +185,10 @@ func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a
 			errs = append(errs, deleteTCFilter(a.Ifindex, h))
 		}
 	}
-	if pods, err := o.progs.pods(); err == nil {
-		for _, pod := range a.Pods {
-			var ifindex uint32
-			// A pod moved to another device keeps that binding.
-			if pods.Lookup(bpf.PolicyPodKey(pod), &ifindex) == nil && int(ifindex) == a.Ifindex {
-				if err := pods.Delete(bpf.PolicyPodKey(pod)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
+	// The bindings are policy-bindings' (they hold whether or not the
+	// device is attached); the connections tracked on the device go with
+	// it, but for those of a pod still bound to it.
+	errs = append(errs, o.forgetDevice(a))
 	return errors.Join(errs...)
 }
 
@@ -223,15 +215,10 @@ func deleteTCFilter(ifindex int, h hook) error {
 // row desires; nothing of another writer is looked at.
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Attachment, statedb.Revision]) error {
 	desired := map[string]bool{}
-	bound := map[netip.Addr]bool{}
 	for a := range objects {
 		desired[a.Device] = true
-		for _, pod := range a.Pods {
-			bound[pod] = true
-		}
 	}
 	var errs []error
-	errs = append(errs, o.pruneBindings(bound))
 	errs = append(errs, o.pruneLinks(desired))
 	if o.usedTC.Load() || o.settings.Attach == AttachTC || !o.pruned.Swap(true) {
 		errs = append(errs, deleteTCFilters(desired))
@@ -266,31 +253,4 @@ func removeAll(linksDir string) error {
 		errs = append(errs, fmt.Errorf("%s is still there", linksDir))
 	}
 	return errors.Join(append(errs, deleteTCFilters(nil))...)
-}
-
-// pruneBindings deletes the bindings of pods that no row lists.
-func (o *ops) pruneBindings(bound map[netip.Addr]bool) error {
-	pods, err := o.progs.pods()
-	if err != nil {
-		return err
-	}
-	var stale [][]byte
-	key := make([]byte, pods.KeySize())
-	var cursor any
-	for range pods.MaxEntries() + 1 {
-		if err := pods.NextKey(cursor, key); err != nil {
-			break
-		}
-		if addr, ok := bpf.PolicyPodOfKey(key); !ok || !bound[addr] {
-			stale = append(stale, slices.Clone(key))
-		}
-		cursor = slices.Clone(key)
-	}
-	var errs []error
-	for _, k := range stale {
-		if err := pods.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

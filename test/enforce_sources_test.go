@@ -1,0 +1,294 @@
+package test
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// udpCounter counts the datagrams that reach a UDP port of a netns, with
+// when each arrived.
+type udpCounter struct {
+	conn  net.PacketConn
+	mu    sync.Mutex
+	times []time.Time
+}
+
+// countUDP listens on addr (0.0.0.0:PORT works before the pod has its
+// address) in ns until the test ends.
+func countUDP(t *testing.T, ns netns.NsHandle, addr string) *udpCounter {
+	t.Helper()
+	c := &udpCounter{}
+	if err := inNS(ns, func() error {
+		l, err := net.ListenPacket("udp4", addr)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		c.conn = l
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				if _, _, err := l.ReadFrom(buf); err != nil {
+					return
+				}
+				c.mu.Lock()
+				c.times = append(c.times, time.Now())
+				c.mu.Unlock()
+			}
+		}()
+		return nil
+	}); err != nil {
+		t.Fatalf("listen on %s: %v", addr, err)
+	}
+	return c
+}
+
+// sendTo sends a datagram from the counter's socket.
+func (c *udpCounter) sendTo(t *testing.T, dst string) {
+	t.Helper()
+	addr, err := net.ResolveUDPAddr("udp4", dst)
+	if err == nil {
+		_, err = c.conn.WriteTo([]byte("x"), addr)
+	}
+	if err != nil {
+		t.Fatalf("send to %s: %v", dst, err)
+	}
+}
+
+func (c *udpCounter) received() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Time(nil), c.times...)
+}
+
+// waitReceived waits up to a second for n datagrams and returns how many
+// came.
+func (c *udpCounter) waitReceived(n int) int {
+	deadline := time.Now().Add(time.Second)
+	for len(c.received()) < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // and no more
+	return len(c.received())
+}
+
+// sendUDP sends n datagrams from src (an address of the netns, "" for
+// any) and sport (0 for any) to dst in ns.
+func sendUDP(t *testing.T, ns netns.NsHandle, src string, sport int, dst string, n int) {
+	t.Helper()
+	err := inNS(ns, func() error {
+		laddr := &net.UDPAddr{Port: sport}
+		if src != "" {
+			laddr.IP = net.ParseIP(src)
+		}
+		raddr, err := net.ResolveUDPAddr("udp4", dst)
+		if err != nil {
+			return err
+		}
+		c, err := net.DialUDP("udp4", laddr, raddr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range n {
+			if _, err := c.Write([]byte("x")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send from %s to %s: %v", src, dst, err)
+	}
+}
+
+// flood sends a datagram to dst from ns every 100 µs until the returned
+// stop is called, which returns how many were sent.
+func flood(t *testing.T, ns netns.NsHandle, dst string) (stop func() int) {
+	t.Helper()
+	done, sent := make(chan struct{}), make(chan int, 1)
+	ready := make(chan error, 1)
+	go func() {
+		n := 0
+		err := inNS(ns, func() error {
+			c, err := net.Dial("udp4", dst)
+			if err != nil {
+				ready <- err
+				return err
+			}
+			defer c.Close()
+			ready <- nil
+			for {
+				select {
+				case <-done:
+					return nil
+				default:
+				}
+				c.Write([]byte("x")) // ECONNREFUSED and no route while the pod is made
+				n++
+				time.Sleep(100 * time.Microsecond)
+			}
+		})
+		_ = err
+		sent <- n
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("flood %s: %v", dst, err)
+	}
+	return func() int { close(done); return <-sent }
+}
+
+// hostIfindex is the ifindex of a device of the node.
+func (n *policyNode) hostIfindex(device string) int {
+	n.t.Helper()
+	var index int
+	if err := inNS(n.ns[n.Node], func() error {
+		l, err := netlink.LinkByName(device)
+		if err != nil {
+			return err
+		}
+		index = l.Attrs().Index
+		return nil
+	}); err != nil {
+		n.t.Fatalf("link %s: %v", device, err)
+	}
+	return index
+}
+
+// trackedOn counts the agent's tracked connections seen on ifindex.
+func trackedOn(t *testing.T, a *Agent, ifindex int) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "tc", "globals", bpf.PolicyCTMapName), nil)
+	if err != nil {
+		t.Fatalf("the connection-tracking map: %v", err)
+	}
+	defer m.Close()
+	n := 0
+	if _, err := bpf.ForgetPolicyConnections(m, func(c bpf.PolicyConnection) bool {
+		if int(c.Ifindex) == ifindex {
+			n++
+		}
+		return false // only counted
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Item 6: a selected pod's second address, which no policy selects, is
+// the pod's own (its device's) and passes as no policy says (allow), and
+// the verdict program agrees.
+func TestPrivilegedNetworkPolicySecondAddressOfASelectedPod(t *testing.T) {
+	node := newPolicyNode(t)
+	const second = "10.0.0.12"
+	node.addPod("a", "enim7a7a7a7a", podA)
+	run(t, "ip", "-n", node.podNS("a"), "addr", "add", second+"/32", "dev", "eth0")
+	run(t, "ip", "-n", node.Node, "route", "add", second+"/32", "dev", "enim7a7a7a7a", "scope", "link")
+	// a's own address may send only to the node.
+	a, _ := node.startAgent(map[string]string{
+		"a": policyEndpoint("a", podA, []string{"Egress"}, nil, []peRule{{cidr: policyNodeIP + "/32"}}),
+	})
+	waitAttached(a, 1)
+	if rows := a.MustDbg("shell", "--", "db/show", "policy-attachments"); !strings.Contains(rows, podA+","+second) {
+		t.Errorf("the device's row should list both of its addresses:\n%s", rows)
+	}
+	got := countUDP(t, node.ns[node.peerNS()], policyPeerIP+":9999")
+	sendUDP(t, node.ns[node.podNS("a")], second, 0, policyPeerIP+":9999", 3)
+	if n := got.waitReceived(3); n != 3 {
+		t.Errorf("the peer received %d of the 3 datagrams from the pod's second address, which no policy selects (allowed)", n)
+	}
+	sendUDP(t, node.ns[node.podNS("a")], podA, 0, policyPeerIP+":9999", 3)
+	if n := got.waitReceived(4); n != 3 {
+		t.Errorf("the peer received %d datagrams in all, want 3: none from the pod's selected address, which may send only to the node", n)
+	}
+	for pod, want := range map[string]string{second: "ALLOW", podA: "DENY"} {
+		v, _, _ := a.Dbg("policy", "verdict", "--bpf-root", a.BPFRoot, "--pod", pod, "--direction", "egress",
+			"--peer", policyPeerIP, "--proto", "udp", "--port", "9999")
+		if !strings.HasPrefix(v, want) {
+			t.Errorf("policy verdict for %s: %s, want %s as the traffic", pod, v, want)
+		}
+	}
+}
+
+// Item 7: a pod that no policy selects (its device carries no programs)
+// forges a pod's address towards a pod whose ingress allows only that
+// pod: the forged source is bound to another device, and is dropped.
+func TestPrivilegedNetworkPolicyForgedSourceFromAPodWithoutPolicy(t *testing.T) {
+	node := newPolicyNode(t)
+	const podX = "10.0.0.4"
+	node.addPod("a", "enim8a8a8a8a", podA)
+	node.addPod("b", "enim8b8b8b8b", podB)
+	node.addPod("x", "enim8c8c8c8c", podX)
+	a, _ := node.startAgent(map[string]string{
+		"b": policyEndpoint("b", podB, []string{"Ingress"}, []peRule{{cidr: podA + "/32"}}, nil),
+	})
+	waitAttached(a, 1)
+	time.Sleep(100 * time.Millisecond) // the bindings, derived with the attachment
+	got := countUDP(t, node.ns[node.podNS("b")], podB+":9999")
+	run(t, "ip", "-n", node.podNS("x"), "addr", "add", podA+"/32", "dev", "eth0")
+	sendUDP(t, node.ns[node.podNS("x")], podA, 0, podB+":9999", 5)
+	sendUDP(t, node.ns[node.podNS("x")], podX, 0, podB+":9999", 5)
+	// a itself may: b receives (and so would have x's, had they passed).
+	sendUDP(t, node.ns[node.podNS("a")], podA, 0, podB+":9999", 1)
+	if n := got.waitReceived(1); n != 1 {
+		t.Errorf("b received %d datagrams, want 1 (a's own; none of x's, forged or not)", n)
+	}
+}
+
+// Item 8: a pod IP given to a new pod on a new device inherits none of
+// the old pod's tracked connections: the peer's datagrams of the old
+// connection do not reach the new pod, whose ingress is isolated, and the
+// old device's entries are gone from the connection-tracking map.
+func TestPrivilegedNetworkPolicyRecycledIPStartsWithNoConnections(t *testing.T) {
+	node := newPolicyNode(t)
+	node.addPod("a", "enim9a9a9a9a", podA)
+	a, _ := node.startAgent(map[string]string{"a": policyEndpoint("a", podA, []string{"Ingress"}, nil, nil)})
+	waitAttached(a, 1)
+	old := node.hostIfindex("enim9a9a9a9a")
+
+	// a's connection to the peer: the peer's replies pass.
+	back := countUDP(t, node.ns[node.podNS("a")], podA+":7777")
+	back.sendTo(t, policyPeerIP+":9999")
+	time.Sleep(50 * time.Millisecond)
+	sendUDP(t, node.ns[node.peerNS()], policyPeerIP, 9999, podA+":7777", 1)
+	if n := back.waitReceived(1); n != 1 {
+		t.Fatalf("the peer's reply of a's connection: %d received, want 1", n)
+	}
+	if n := trackedOn(t, a, old); n == 0 {
+		t.Fatal("a's connection is not tracked")
+	}
+
+	// a goes (its device, its netns); a new pod gets its IP on a new veth.
+	run(t, "ip", "-n", node.Node, "link", "del", "enim9a9a9a9a")
+	node.addNS(node.Node + "-a2")
+	fresh := countUDP(t, node.ns[node.podNS("a2")], "0.0.0.0:7777")
+	node.wirePod(node.podNS("a2"), "enim9d9d9d9d", podA)
+	a.WaitFor("the new pod's device attached", func() bool {
+		rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
+		return strings.Contains(rows, "enim9d9d9d9d") && strings.Count(rows, "Done") == 1 && !strings.Contains(rows, "enim9a9a9a9a")
+	})
+	sendUDP(t, node.ns[node.peerNS()], policyPeerIP, 9999, podA+":7777", 5)
+	if n := fresh.waitReceived(1); n != 0 {
+		t.Errorf("the new pod received %d datagrams of the old pod's connection: its ingress is isolated", n)
+	}
+	a.WaitFor("the old device's connections forgotten", func() bool { return trackedOn(t, a, old) == 0 })
+}
+
+// leakWindow is how long the pod received datagrams (from the first to
+// the last) and how many.
+func leakWindow(times []time.Time) (int, time.Duration) {
+	if len(times) == 0 {
+		return 0, 0
+	}
+	return len(times), times[len(times)-1].Sub(times[0])
+}
