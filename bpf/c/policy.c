@@ -192,6 +192,8 @@ struct {
  * bpf_skb_load_bytes: headers in the paged part of an skb (a large frame
  * sent through AF_PACKET) are read like linear ones. */
 struct pkt {
+	__u8 src[16];  /* first: 8-byte aligned for same_addr and unspecified */
+	__u8 dst[16];
 	__u8 family;   /* 4 or 6 */
 	__u8 protocol; /* the transport protocol, past IPv6 extension headers */
 	__u8 hop_limit;
@@ -200,9 +202,7 @@ struct pkt {
 	__u32 l4off;   /* offset of the transport header */
 	__u32 ifindex; /* the device the program runs on */
 	__u32 ingress_ifindex; /* the device the packet entered the node by, 0 if the node sent it */
-	__u8 src[16];
-	__u8 dst[16];
-};
+} __attribute__((aligned(8)));
 
 /* The fields of the transport header that the policy looks at. */
 struct flow {
@@ -219,6 +219,24 @@ struct flow {
 #define PARSE_ARP 1
 #define PARSE_BAD -1
 
+/* header returns len bytes of the packet at off: a pointer into the
+ * linear part where it holds them, else a copy in buf made with
+ * bpf_skb_load_bytes, which reads the paged part too (a large frame sent
+ * through AF_PACKET has only its Ethernet header linear); NULL past the
+ * packet's end. len is a constant. */
+#define DIRECT_MAX_OFF 512
+static __always_inline const void *header(struct __sk_buff *skb, __u32 off, void *buf, const __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (off <= DIRECT_MAX_OFF && data + off + len <= data_end)
+		return data + off;
+	if (bpf_skb_load_bytes(skb, off, buf, len))
+		return 0;
+	return buf;
+}
+
 static __always_inline int is_ipv6_ext(__u8 nh)
 {
 	return nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS || nh == IPPROTO_FRAGMENT ||
@@ -230,73 +248,87 @@ static __always_inline int is_ipv6_ext(__u8 nh)
  * the kernel into the skb, or still in the frame), an EtherType other than
  * IPv4, IPv6 and ARP, a truncated or inconsistent IP header, more IPv6
  * extension headers than it walks. */
+struct l2l3 {
+	__u8 mac[2]; /* the source MAC's last bytes, so that the rest is aligned */
+	__be16 proto;
+	union {
+		struct iphdr ip;
+		struct ipv6hdr ip6;
+	};
+};
+
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
-	__be16 proto;
+	struct l2l3 buf;
+	const struct l2l3 *h;
 
 	p->ifindex = skb->ifindex;
 	p->ingress_ifindex = skb->ingress_ifindex;
 	if (skb->vlan_present)
 		return PARSE_BAD;
-	if (bpf_skb_load_bytes(skb, 12, &proto, sizeof(proto)))
-		return PARSE_BAD;
-	if (proto == bpf_htons(ETH_P_ARP))
+	/* The EtherType and the 20 bytes after it: all of an IPv4 header,
+	 * options aside, and enough to tell IPv6 and ARP. */
+	h = header(skb, 10, &buf, 4 + sizeof(struct iphdr));
+	if (!h)
+		return PARSE_BAD; /* shorter than any IP or ARP frame */
+	if (h->proto == bpf_htons(ETH_P_ARP))
 		return PARSE_ARP;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr ip;
+	if (h->proto == bpf_htons(ETH_P_IP)) {
 		__u16 frag_off;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
+		if (h->ip.version != 4 || h->ip.ihl < 5)
 			return PARSE_BAD;
 		p->family = 4;
-		p->protocol = ip.protocol;
-		p->hop_limit = ip.ttl;
-		p->l4off = ETH_HLEN + ip.ihl * 4;
-		__builtin_memcpy(p->src, &ip.saddr, 4);
-		__builtin_memcpy(p->dst, &ip.daddr, 4);
-		frag_off = bpf_ntohs(ip.frag_off);
+		p->protocol = h->ip.protocol;
+		p->hop_limit = h->ip.ttl;
+		p->l4off = ETH_HLEN + h->ip.ihl * 4;
+		*(__u32 *)p->src = h->ip.saddr;
+		*(__u32 *)p->dst = h->ip.daddr;
+		frag_off = bpf_ntohs(h->ip.frag_off);
 		if (frag_off & 0x1fff)
 			p->frag = FRAG_LATER;
 		else if (frag_off & 0x2000) /* more fragments */
 			p->frag = FRAG_FIRST;
-		p->frag_id = ip.id;
+		p->frag_id = h->ip.id;
 		return PARSE_IP;
 	}
-	if (proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
-		__u32 off = ETH_HLEN + sizeof(ip6);
+	if (h->proto == bpf_htons(ETH_P_IPV6)) {
+		__u32 off = ETH_HLEN + sizeof(struct ipv6hdr);
 		__u8 nh;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) || ip6.version != 6)
+		h = header(skb, 10, &buf, sizeof(buf));
+		if (!h || h->ip6.version != 6)
 			return PARSE_BAD;
 		p->family = 6;
-		p->hop_limit = ip6.hop_limit;
-		__builtin_memcpy(p->src, &ip6.saddr, 16);
-		__builtin_memcpy(p->dst, &ip6.daddr, 16);
-		nh = ip6.nexthdr;
+		p->hop_limit = h->ip6.hop_limit;
+		__builtin_memcpy(p->src, &h->ip6.saddr, 16);
+		__builtin_memcpy(p->dst, &h->ip6.daddr, 16);
+		nh = h->ip6.nexthdr;
 #pragma unroll
 		for (int i = 0; i < IPV6_MAX_EXT_HEADERS; i++) {
-			__u8 h[8];
+			__u8 xbuf[8];
+			const __u8 *x;
 
 			if (!is_ipv6_ext(nh) || p->frag == FRAG_LATER)
 				break;
-			if (bpf_skb_load_bytes(skb, off, h, sizeof(h)))
+			x = header(skb, off, xbuf, sizeof(xbuf));
+			if (!x)
 				return PARSE_BAD;
 			if (nh == IPPROTO_FRAGMENT) {
-				__u16 frag_off = ((__u16)h[2] << 8) | h[3];
+				__u16 frag_off = ((__u16)x[2] << 8) | x[3];
 
 				if (frag_off & 0xfff8)
 					p->frag = FRAG_LATER; /* the rest is data */
 				else if (frag_off & 1)
 					p->frag = FRAG_FIRST;
-				__builtin_memcpy(&p->frag_id, h + 4, 4);
+				__builtin_memcpy(&p->frag_id, x + 4, 4);
 				off += 8;
 			} else if (nh == IPPROTO_AH) {
-				off += ((__u32)h[1] + 2) * 4;
+				off += ((__u32)x[1] + 2) * 4;
 			} else {
-				off += ((__u32)h[1] + 1) * 8;
+				off += ((__u32)x[1] + 1) * 8;
 			}
-			nh = h[0];
+			nh = x[0];
 		}
 		if (is_ipv6_ext(nh) && p->frag != FRAG_LATER)
 			return PARSE_BAD;
@@ -323,13 +355,23 @@ static __always_inline int is_icmp(__u8 proto)
  * (RFC 1858's tiny fragments): what cannot be read cannot be judged. */
 static __always_inline int read_l4(struct __sk_buff *skb, const struct pkt *p, struct flow *f)
 {
-	__u8 b[14];
+	__u8 buf[14];
+	const __u8 *b;
 
 	f->protocol = p->protocol;
 	if (!has_ports(p->protocol) && !is_icmp(p->protocol))
 		return 0;
-	if (bpf_skb_load_bytes(skb, p->l4off, b, 8))
-		return -1;
+	/* TCP's flags are in its 14th byte; the others need 8. */
+	if (p->protocol == IPPROTO_TCP) {
+		b = header(skb, p->l4off, buf, 14);
+		if (!b)
+			return -1;
+		f->rst = (b[13] & 0x04) != 0;
+	} else {
+		b = header(skb, p->l4off, buf, 8);
+		if (!b)
+			return -1;
+	}
 	if (is_icmp(p->protocol)) {
 		/* type, code, checksum, identifier */
 		f->icmp_type = b[0];
@@ -343,11 +385,6 @@ static __always_inline int read_l4(struct __sk_buff *skb, const struct pkt *p, s
 	f->sport = ((__u32)b[0] << 8) | b[1];
 	f->port = ((__u32)b[2] << 8) | b[3];
 	f->port_known = 1;
-	if (p->protocol == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, p->l4off, b, 14))
-			return -1;
-		f->rst = (b[13] & 0x04) != 0;
-	}
 	return 0;
 }
 
