@@ -91,6 +91,7 @@ func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
 		}
 		return f, err
 	})
+	files = maps.Clone(files) // Parts' own map holds the good versions only
 	maps.Copy(files, invalid)
 	in := s.input(merge(names, files))
 	slices.Sort(in.Warnings)

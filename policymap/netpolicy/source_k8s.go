@@ -162,6 +162,7 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 		}
 		return &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}, nil
 	})
+	current = maps.Clone(current) // Parts' own map holds the good versions only
 	maps.Copy(current, invalid)
 
 	desired := map[string]*PolicyEndpoint{}
