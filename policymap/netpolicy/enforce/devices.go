@@ -121,7 +121,7 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 		case <-changed:
 			// A burst of changes (a pod's veth and routes made) is one
 			// derive.
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond)
 			select {
 			case <-changed:
 			default:
