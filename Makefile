@@ -5,7 +5,7 @@ BIN       := bin
 GOFLAGS_T ?= -race -count=1
 SAMPLES   ?= $(abspath test/testdata/samples)
 
-.PHONY: all build test bench demo generate docs check-fmt vet clean k8s-bins cilium-agent test-cilium test-unprivileged
+.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins cilium-agent test-cilium test-unprivileged
 
 all: build
 
@@ -29,6 +29,13 @@ check-fmt:
 vet:
 	$(GO) vet ./...
 
+# staticcheck at a pinned version, run from the module proxy (not a go.mod
+# tool: its dependencies would enter the module graph the Cilium build
+# shares).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+staticcheck:
+	$(GO) run $(STATICCHECK) ./...
+
 # kube-apiserver (k8s.io/kubernetes v1.37.2) and etcd (v3.6.16) for the tests
 # against a real API server (test/k8stest), built from the Go module proxy once and
 # cached in ~/.cache/enimasq/ (about 10 minutes the first time, then instant).
@@ -38,7 +45,7 @@ k8s-bins:
 # Privileged tests (TestPrivileged...) run when this runs as root. The tests
 # against a real API server fail instead of skipping when its binaries are
 # missing (ENIMASQ_REQUIRE_K8S).
-test: check-fmt vet build k8s-bins
+test: check-fmt vet staticcheck build k8s-bins
 	ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test $(GOFLAGS_T) -timeout 20m ./...
 	$(MAKE) test-unprivileged
 	$(MAKE) test-cilium

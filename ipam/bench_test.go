@@ -245,10 +245,7 @@ func benchAddCIDR(b *testing.B, pods int, fromFile bool) {
 	celltest.RequireRoot(b)
 	e := newBenchEnv(b, pods, fromFile)
 	total := pods * (1 + len(benchCIDRs))
-	oldCIDRs := make([]netip.Prefix, 0, len(benchCIDRs))
-	for _, s := range ciliumnode.CoalesceCIDRs(parsePrefixes(benchCIDRs)) {
-		oldCIDRs = append(oldCIDRs, s)
-	}
+	oldCIDRs := ciliumnode.CoalesceCIDRs(parsePrefixes(benchCIDRs))
 	if len(oldCIDRs) != 8 {
 		b.Fatalf("%d CIDRs per pod, want 8", len(oldCIDRs))
 	}

@@ -198,11 +198,10 @@ func sendUDPFrom(nsName, dst string, n int) error {
 // cniRuntime runs cnitool in the node's netns with enimasq-cni and a network
 // configuration list pointing at the agent's socket.
 type cniRuntime struct {
-	t        *testing.T
-	topo     *vpcTopology
-	bin      Binaries
-	confDir  string
-	netnsDir string
+	t       *testing.T
+	topo    *vpcTopology
+	bin     Binaries
+	confDir string
 }
 
 func newCNIRuntime(t *testing.T, topo *vpcTopology, agentSocket string) *cniRuntime {

@@ -169,8 +169,3 @@ func (c *agentClient) canAllocate(family string) error {
 	_, err := c.do(http.MethodGet, "/v1/ipam/status?"+url.Values{"family": {family}}.Encode(), nil, nil)
 	return err
 }
-
-func (c *agentClient) healthy() error {
-	_, err := c.do(http.MethodGet, "/healthz", nil, nil)
-	return err
-}
