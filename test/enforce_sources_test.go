@@ -339,7 +339,9 @@ func TestPrivilegedNetworkPolicyNewDeviceWindow(t *testing.T) {
 	gotC := countUDP(t, node.ns[node.podNS("c")], "0.0.0.0:9999")
 	measure("a new device in strict mode", gotC, podC+":9999",
 		func() time.Time { return node.wireAtOnce(node.podNS("c"), "enimcccc3333", podC) },
-		func() bool { return strings.Count(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done") == 2 })
+		func() bool {
+			return strings.Count(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "Done") == 2
+		})
 
 	// The selected pod's device made again.
 	gotA := countUDP(t, node.ns[node.podNS("a")], "0.0.0.0:9999")
@@ -397,4 +399,68 @@ func (n *policyNode) wireAtOnce(pod, device, ip string) time.Time {
 	step("host route", node.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: &net.IPNet{IP: podIP, Mask: net.CIDRMask(32, 32)},
 		Scope: netlink.SCOPE_LINK}))
 	return routed
+}
+
+// Item 10 for enimasq-cni's pods: in strict mode, ADD returns only once
+// the programs are on the pod's device and its maps hold the pod, and the
+// pod has its address only then: a pod flooded by another pod while it is
+// made receives nothing (strict mode denies it), from its first packet.
+func TestPrivilegedNetworkPolicyEnimasqCNIPodDeniedFromItsFirstPacket(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
+		dir := filepath.Join(a.Dir, "policyendpoints")
+		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
+		a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--network-policy-enforcing-mode=strict")
+	})
+	pes := filepath.Join(a.Dir, "policyendpoints")
+	cni := newCNIRuntime(t, topo, a.APISocket())
+	handle := func(name string) netns.NsHandle {
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ns.Close() })
+		return ns
+	}
+	onNode := func(pe string) string { return strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10") }
+
+	// The sender may send anywhere.
+	nsPeer := cni.newPod("sender")
+	ipPeer := cni.add(nsPeer, "sender")
+	WriteFileAtomic(t, filepath.Join(pes, "sender.yaml"),
+		onNode(policyEndpoint("sender", ipPeer, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}})))
+	// The IP the next pod gets: the lowest free one, this probe's.
+	nsProbe := cni.newPod("probe")
+	ip := cni.add(nsProbe, "probe")
+	cni.del(nsProbe, "probe")
+
+	nsTarget := cni.newPod("target")
+	got := countUDP(t, handle(nsTarget), "0.0.0.0:9999")
+	stop := flood(t, handle(nsPeer), ip+":9999")
+	time.Sleep(20 * time.Millisecond)
+	if got := cni.add(nsTarget, "target"); got != ip {
+		t.Fatalf("the target got %s, not the probe's %s", got, ip)
+	}
+	rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
+	time.Sleep(200 * time.Millisecond) // the flood goes on
+	sent := stop()
+	if n := len(got.received()); n != 0 || sent == 0 {
+		t.Errorf("the new pod received %d of the %d datagrams sent while it was made: strict mode denies it from its first packet", n, sent)
+	}
+	if !strings.Contains(rows, ip) {
+		t.Errorf("ADD returned before the new pod's device was in policy-attachments:\n%s", rows)
+	}
+
+	// Its policy admits the sender: the datagrams reach it (the flood
+	// and the count work).
+	WriteFileAtomic(t, filepath.Join(pes, "target.yaml"),
+		onNode(policyEndpoint("target", ip, []string{"Ingress"}, []peRule{{cidr: ipPeer + "/32"}}, nil)))
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got.received()) == 0 && time.Now().Before(deadline) {
+		sendUDP(t, handle(nsPeer), "", 0, ip+":9999", 1)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(got.received()) == 0 {
+		t.Error("the sender's datagrams do not reach the target that its policy admits them to")
+	}
 }

@@ -48,7 +48,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 	}()
 
-	result, err := wirePod(args, conf, alloc, hostName, &vethMade)
+	result, err := wirePod(args, conf, alloc, hostName, &vethMade, agent)
 	if err != nil {
 		return types.NewError(types.ErrInternal, "enimasq-cni: wiring pod "+p.Owner, err.Error())
 	}
@@ -57,7 +57,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // wirePod creates the veth pair, addresses and routes for an allocation.
-func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult, hostName string, vethMade *bool) (*current.Result, error) {
+// The pod gets its address only once the agent's policy programs are on
+// its device (when the agent enforces network policy on it): no packet
+// reaches the pod before they judge it.
+func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult, hostName string, vethMade *bool,
+	agent *agentClient,
+) (*current.Result, error) {
 	podIP, err := netip.ParseAddr(alloc.IP)
 	if err != nil {
 		return nil, fmt.Errorf("agent returned IP %q: %w", alloc.IP, err)
@@ -98,7 +103,7 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 			return fmt.Errorf("veth %s/%s: %w", hostName, args.IfName, err)
 		}
 		*vethMade = true
-		return configurePodSide(args.IfName, podIP, gw, hostIf.HardwareAddr)
+		return configurePodSide(args.IfName, gw, hostIf.HardwareAddr)
 	})
 	if err != nil {
 		return nil, err
@@ -114,6 +119,12 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 		Scope:     netlink.SCOPE_LINK,
 	}); err != nil {
 		return nil, fmt.Errorf("route to pod %s via %s: %w", podIP, hostName, err)
+	}
+	if err := agent.waitPolicy(hostName, podIP, conf.WaitSeconds); err != nil {
+		return nil, fmt.Errorf("network policy on %s: %w", hostName, err)
+	}
+	if err := podNS.Do(func(ns.NetNS) error { return addPodAddress(args.IfName, podIP) }); err != nil {
+		return nil, err
 	}
 
 	defaultDst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
@@ -135,18 +146,16 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 	}, nil
 }
 
-// configurePodSide runs in the pod's netns: address, a route to the gateway,
-// the default route, and a permanent neighbor entry for the gateway.
-func configurePodSide(ifName string, podIP, gw netip.Addr, hostMAC net.HardwareAddr) error {
+// configurePodSide runs in the pod's netns: a route to the gateway, the
+// default route, and a permanent neighbor entry for the gateway. The
+// address comes last (addPodAddress), once the policy programs are on.
+func configurePodSide(ifName string, gw netip.Addr, hostMAC net.HardwareAddr) error {
 	link, err := netlink.LinkByName(ifName)
 	if err != nil {
 		return err
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", ifName, err)
-	}
-	if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: hostPrefix(podIP)}); err != nil {
-		return fmt.Errorf("address %s on %s: %w", podIP, ifName, err)
 	}
 	// Another interface of the pod (its first) may hold the routes to the
 	// gateway and the default route: this interface's come after them, at
@@ -178,6 +187,18 @@ func configurePodSide(ifName string, podIP, gw netip.Addr, hostMAC net.HardwareA
 		HardwareAddr: hostMAC,
 	}); err != nil {
 		return fmt.Errorf("neighbor %s: %w", gw, err)
+	}
+	return nil
+}
+
+// addPodAddress runs in the pod's netns: the pod's address on its interface.
+func addPodAddress(ifName string, podIP netip.Addr) error {
+	link, err := netlink.LinkByName(ifName)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: hostPrefix(podIP)}); err != nil {
+		return fmt.Errorf("address %s on %s: %w", podIP, ifName, err)
 	}
 	return nil
 }
