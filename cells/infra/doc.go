@@ -7,6 +7,6 @@
 //
 // It imports no feature package. A Cilium-based agent has all of this itself
 // (Cilium's hive gives statedb, jobs, health and the shell) and links the
-// feature cells (cells.Features) without this package, providing
+// feature cells (enimasq.Features) without this package, providing
 // nodeconfig.Config from its own configuration.
 package infra
