@@ -75,12 +75,18 @@ func register(p params) error {
 	})
 	d := &deriver{log: p.Log, db: p.DB, table: p.Table, bindings: p.Bindings, pods: p.Pods, settings: p.Settings, initDone: initDone}
 	p.Jobs.Add(job.OneShot("derive-policy-attachments", d.run))
+	o := &ops{log: p.Log, settings: p.Settings, progs: progs}
+	// The links held open go at stop; their pins keep them attached.
+	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { o.closeLinks(); return nil }})
 	_, err := reconciler.Register(
 		p.Reconcile, p.Table,
 		(*Attachment).Clone, (*Attachment).SetStatus, (*Attachment).GetStatus,
-		&ops{log: p.Log, settings: p.Settings, progs: progs}, nil,
+		o, nil,
 		reconciler.WithName("policy-attachments"),
-		reconciler.WithRetry(p.Settings.CheckInterval/10, p.Settings.CheckInterval*10),
+		// A row in error is checked again within CheckInterval too (the
+		// refresh only checks rows that are Done): a foreign program that
+		// gets ahead again is seen as soon.
+		reconciler.WithRetry(p.Settings.CheckInterval/10, p.Settings.CheckInterval),
 		reconciler.WithPruning(p.Settings.CheckInterval),
 		// The refresh is the check against the kernel: a program detached
 		// by hand is attached again within CheckInterval.

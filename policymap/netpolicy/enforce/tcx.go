@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/enimasq/enimasq/bpf"
 )
 
 // tcxLinks are the tcx links the agent holds open, by device and side: a
@@ -167,6 +169,9 @@ func (o *ops) keepFirst(a *Attachment, h hook, prog *ebpf.Program, held *heldLin
 		o.log.Warn("A foreign tcx program is ahead of enimasq's policy program: putting enimasq's back first",
 			"device", a.Device, "ifindex", a.Ifindex, "side", h.name, "foreign", strings.Join(describeAll(held.intruders), ", "))
 		moveErr = o.moveToHead(a, h, prog, held)
+		if moveErr == nil {
+			moveErr = o.forgetBypassed(a)
+		}
 	}
 	if len(held.intruders) == 0 {
 		return moveErr
@@ -200,7 +205,7 @@ func (o *ops) moveToHead(a *Attachment, h hook, prog *ebpf.Program, held *heldLi
 		return fmt.Errorf("put enimasq's program back first: link info: %w", err)
 	}
 	old := held.link
-	held.link, held.id = l, info.ID
+	held.link, held.id, held.pinned = l, info.ID, false
 	var errs []error
 	if err := old.Detach(); err != nil {
 		errs = append(errs, fmt.Errorf("detach enimasq's link behind the foreign program: %w", err))
@@ -214,6 +219,25 @@ func (o *ops) moveToHead(a *Attachment, h hook, prog *ebpf.Program, held *heldLi
 		errs = append(errs, fmt.Errorf("put enimasq's program back first: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// forgetBypassed forgets the connections tracked on the device: while the
+// foreign program decided, the programs tracked what it let through (the
+// pod's answers to a peer its policy denies), and those entries would let
+// that peer's next connections in as replies. Connections the policy
+// allows are tracked again from their next packet.
+func (o *ops) forgetBypassed(a *Attachment) error {
+	ct, err := o.progs.ct()
+	if err != nil {
+		return fmt.Errorf("policy programs: %w", err)
+	}
+	n, err := bpf.ForgetPolicyConnections(ct, func(c bpf.PolicyConnection) bool { return int(c.Ifindex) == a.Ifindex })
+	o.log.Info("Forgot the connections tracked on the device while a foreign program was ahead",
+		"device", a.Device, "ifindex", a.Ifindex, "connections", n)
+	if err != nil {
+		return fmt.Errorf("forget the connections tracked on %s while a foreign program was ahead: %w", a.Device, err)
+	}
+	return nil
 }
 
 // describeProgram names an attached program: ID, name and link.
