@@ -15,6 +15,14 @@
 // hand is put back at the next check (the kernel sends no notification
 // for it). Pruning removes only enimasq's pins and filters.
 //
+// The tcx links (tcx.go) are attached at the head of the chain and held
+// open by the agent, by device and side: a deleted pin, or a bpffs mounted
+// again, detaches nothing, and the check pins them again. The check also
+// asks the kernel for the chain: a foreign program ahead of enimasq's is an
+// error naming it while it stays attached, enimasq's is put back first (the
+// foreign one is left where it is) and the device's tracked connections
+// are forgotten.
+//
 // The programs keep the connections the policy allowed in a pinned
 // connection-tracking map, so that replies pass and a restart keeps them.
 package enforce
