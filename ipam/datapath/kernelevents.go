@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"log/slog"
 	"slices"
 	"strings"
@@ -163,7 +164,7 @@ func (r *ruleRepair) repairRoutes() error {
 	if r.routes == nil {
 		return nil
 	}
-	links, err := listAll(r.nl.LinkList)
+	links, err := nldump.List("ip link list", r.nl.LinkList)
 	if err != nil {
 		return fmt.Errorf("ip link list: %w", err)
 	}
@@ -224,7 +225,7 @@ func notify(ch chan struct{}) {
 func (r *ruleRepair) repair() (int, error) {
 	present := map[RuleKey]bool{}
 	for _, fam := range r.nl.families {
-		rules, err := listAll(func() ([]netlink.Rule, error) { return r.nl.RuleList(fam) })
+		rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return r.nl.RuleList(fam) })
 		if err != nil {
 			return 0, fmt.Errorf("ip rule list: %w", err)
 		}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"net"
 	"net/netip"
 	"slices"
@@ -121,19 +122,6 @@ func isGone(err error) bool {
 	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH)
 }
 
-// listAll retries a dump the kernel interrupted (a concurrent change).
-func listAll[T any](list func() ([]T, error)) ([]T, error) {
-	var err error
-	for range 5 {
-		var out []T
-		out, err = list()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return out, err
-		}
-	}
-	return nil, err
-}
-
 // netlinkRule is the kernel rule of a key: only priority, selectors, table
 // and protocol are set.
 func netlinkRule(k RuleKey, family, protocol int) *netlink.Rule {
@@ -176,7 +164,7 @@ func ListRules(nl Netlink, families []int) ([]netlink.Rule, error) {
 func listRules(nl Netlink, families []int, owned func(*netlink.Rule) bool) ([]netlink.Rule, error) {
 	var out []netlink.Rule
 	for _, fam := range families {
-		rules, err := listAll(func() ([]netlink.Rule, error) { return nl.RuleList(fam) })
+		rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return nl.RuleList(fam) })
 		if err != nil {
 			return nil, fmt.Errorf("ip rule list: %w", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/cilium/statedb"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/ipam/ciliumnode"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -69,7 +70,7 @@ func (o *ruleOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 // exact says whether the kernel holds exactly the rule of k, with our
 // protocol; if not, blocking is a rule of the same priority, source and table.
 func (o *ruleOps) exact(k RuleKey, family int) (present bool, blocking string, err error) {
-	rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(family) })
+	rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return o.nl.RuleList(family) })
 	if err != nil {
 		return false, "", fmt.Errorf("ip rule list: %w", err)
 	}
@@ -116,7 +117,7 @@ func (o *ruleOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revis
 // podRouted says whether the CNI's ingress rule of pod ("20:
 // to <pod> lookup main", any protocol) is in the kernel.
 func (o *ruleOps) podRouted(pod netip.Addr) (bool, error) {
-	rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(addrFamily(pod)) })
+	rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return o.nl.RuleList(addrFamily(pod)) })
 	if err != nil {
 		return false, fmt.Errorf("ip rule list: %w", err)
 	}
@@ -154,7 +155,7 @@ func (o *ruleOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[
 	}
 	var all []netlink.Rule
 	for _, fam := range o.nl.families {
-		rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(fam) })
+		rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return o.nl.RuleList(fam) })
 		if err != nil {
 			return fmt.Errorf("ip rule list: %w", err)
 		}
@@ -219,7 +220,7 @@ func (o *ruleOps) pruneLoose(r *netlink.Rule, desired map[RuleKey]bool) error {
 			// matched by its delete exactly.
 			return nil
 		}
-		rules, err := listAll(func() ([]netlink.Rule, error) { return o.nl.RuleList(r.Family) })
+		rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return o.nl.RuleList(r.Family) })
 		if err != nil {
 			return fmt.Errorf("ip rule list: %w", err)
 		}

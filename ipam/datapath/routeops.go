@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"iter"
 	"net/netip"
 
@@ -20,7 +21,7 @@ type routeOps struct {
 // linkByMAC finds the ENI's link. Links are listed every time: an ENI
 // attached later (or re-attached with another index) is found.
 func (o *routeOps) linkByMAC(mac string) (netlink.Link, error) {
-	links, err := listAll(o.nl.LinkList)
+	links, err := nldump.List("ip link list", o.nl.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("ip link list: %w", err)
 	}
@@ -93,7 +94,7 @@ func (o *routeOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 func ListRoutes(nl Netlink, families []int) ([]netlink.Route, error) {
 	var out []netlink.Route
 	for _, fam := range families {
-		routes, err := listAll(func() ([]netlink.Route, error) {
+		routes, err := nldump.List("ip route list", func() ([]netlink.Route, error) {
 			return nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: RTProto},
 				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 		})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 )
@@ -65,7 +66,7 @@ func KernelRoutes(nl Netlink, families []int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	links, err := listAll(nl.LinkList)
+	links, err := nldump.List("ip link list", nl.LinkList)
 	if err != nil {
 		return "", err
 	}
