@@ -7,13 +7,13 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -109,7 +109,7 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 		return nil, err
 	}
 
-	host, err := netlink.LinkByName(hostName)
+	host, err := nldump.LinkByName(hostName)
 	if err != nil {
 		return nil, fmt.Errorf("host veth %s: %w", hostName, err)
 	}
@@ -150,7 +150,7 @@ func wirePod(args *skel.CmdArgs, conf *NetConf, alloc *ipamapi.AllocationResult,
 // default route, and a permanent neighbor entry for the gateway. The
 // address comes last (addPodAddress), once the policy programs are on.
 func configurePodSide(ifName string, gw netip.Addr, hostMAC net.HardwareAddr) error {
-	link, err := netlink.LinkByName(ifName)
+	link, err := nldump.LinkByName(ifName)
 	if err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func configurePodSide(ifName string, gw netip.Addr, hostMAC net.HardwareAddr) er
 
 // addPodAddress runs in the pod's netns: the pod's address on its interface.
 func addPodAddress(ifName string, podIP netip.Addr) error {
-	link, err := netlink.LinkByName(ifName)
+	link, err := nldump.LinkByName(ifName)
 	if err != nil {
 		return err
 	}
@@ -203,15 +203,15 @@ func addPodAddress(ifName string, podIP netip.Addr) error {
 	return nil
 }
 
-// eniMTU is the MTU of the node's ENI link with this MAC. (netlinksafe
-// retries dumps that concurrent link changes interrupt, as happens when many
-// pods are set up at once.)
+// eniMTU is the MTU of the node's ENI link with this MAC. (nldump retries
+// dumps that concurrent link changes interrupt, as happens when many pods
+// are set up at once.)
 func eniMTU(mac string) (int, error) {
 	want, err := net.ParseMAC(mac)
 	if err != nil {
 		return 0, fmt.Errorf("agent returned master-mac %q: %w", mac, err)
 	}
-	links, err := netlinksafe.LinkList()
+	links, err := nldump.Links()
 	if err != nil {
 		return 0, err
 	}

@@ -6,12 +6,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -56,15 +56,15 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, att ipamapi.Attachment, p pod, 
 		return fmt.Errorf("the agent has no allocation of %s for attachment %s (pod %s)", podIP, att, p.Owner)
 	}
 	hostName := hostVethName(att)
-	host, err := netlink.LinkByName(hostName)
+	host, err := nldump.LinkByName(hostName)
 	if err != nil && slices.ContainsFunc(held, func(a ipamapi.AllocationInfo) bool { return a.Network == "" }) {
 		hostName = legacyHostVethName(att.ContainerID)
-		host, err = netlink.LinkByName(hostName)
+		host, err = nldump.LinkByName(hostName)
 	}
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", hostName, err)
 	}
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(podIP)}, netlink.RT_FILTER_DST)
+	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(podIP)}, netlink.RT_FILTER_DST)
 	if err != nil || !containsRouteVia(routes, host.Attrs().Index) {
 		return fmt.Errorf("no route to %s via %s", podIP, hostName)
 	}
@@ -72,7 +72,7 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, att ipamapi.Attachment, p pod, 
 	if podIP.Is6() {
 		family = unix.AF_INET6
 	}
-	rules, err := netlinksafe.RuleList(family)
+	rules, err := nldump.Rules(family)
 	if err != nil {
 		return err
 	}
@@ -97,11 +97,11 @@ func checkPod(args *skel.CmdArgs, conf *NetConf, att ipamapi.Attachment, p pod, 
 	}
 	defer podNS.Close()
 	return podNS.Do(func(ns.NetNS) error {
-		link, err := netlink.LinkByName(args.IfName)
+		link, err := nldump.LinkByName(args.IfName)
 		if err != nil {
 			return fmt.Errorf("pod interface %s: %w", args.IfName, err)
 		}
-		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+		addrs, err := nldump.Addrs(link, netlink.FAMILY_ALL)
 		if err != nil {
 			return err
 		}

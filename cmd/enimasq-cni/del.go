@@ -7,8 +7,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/nldump"
 )
 
 // cmdDel removes the attachment's veth and releases its IPs, and only
@@ -94,7 +95,7 @@ func releaseLegacy(agent *agentClient, conf *NetConf, p pod) error {
 // routedToPod says whether the node has a route to addr/32 (/128) via a
 // link, as ADD makes for a pod.
 func routedToPod(addr netip.Addr) (bool, error) {
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(addr)}, netlink.RT_FILTER_DST)
+	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: hostPrefix(addr)}, netlink.RT_FILTER_DST)
 	if err != nil {
 		return false, err
 	}

@@ -6,11 +6,11 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -37,7 +37,7 @@ type podRoutes map[netip.Addr][]int
 // nodePodRoutes lists the node's routes to single addresses in the main
 // table.
 func nodePodRoutes() (podRoutes, error) {
-	routes, err := netlinksafe.RouteList(nil, netlink.FAMILY_ALL)
+	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{}, 0)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's routes: %w", err)
 	}
@@ -114,7 +114,7 @@ type ownedVeth struct {
 func ownedVeths(att ipamapi.Attachment, held []string, prev *current.Result, routes podRoutes) ([]ownedVeth, error) {
 	var out []ownedVeth
 	for _, name := range []string{hostVethName(att), legacyHostVethName(att.ContainerID)} {
-		link, err := netlinksafe.LinkByName(name)
+		link, err := nldump.LinkByName(name)
 		if errors.As(err, new(netlink.LinkNotFoundError)) {
 			continue
 		}

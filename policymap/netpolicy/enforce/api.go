@@ -13,9 +13,9 @@ import (
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	"github.com/vishvananda/netlink"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nldump"
 )
 
 // APIPatterns are the agent API patterns (net/http ServeMux) the API is
@@ -150,7 +150,7 @@ func (a *API) Wait(ctx context.Context, device string, ips []netip.Addr) (Device
 				answer.Reason = "no policy selects the pod, and the mode is standard"
 				return answer, nil
 			}
-			link, err := netlink.LinkByName(device)
+			link, err := nldump.LinkByName(device)
 			if err != nil {
 				return answer, fmt.Errorf("%w: %s: %w", errNoDevice, device, err)
 			}

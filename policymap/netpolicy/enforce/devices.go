@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -141,7 +142,7 @@ func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, []*Binding, err
 	for _, p := range selected {
 		want[p] = true
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ip route list: %w", err)
 	}

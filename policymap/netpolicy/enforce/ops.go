@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -45,7 +46,7 @@ func requireClsact(ifindex int) error {
 	if err != nil {
 		return err
 	}
-	qdiscs, err := netlink.QdiscList(l)
+	qdiscs, err := nldump.Qdiscs(l)
 	if err != nil {
 		return fmt.Errorf("tc qdisc list: %w", err)
 	}
@@ -66,7 +67,7 @@ func notOthersFilter(ifindex int, h hook) error {
 	if err != nil {
 		return err
 	}
-	filters, err := netlink.FilterList(l, h.parent)
+	filters, err := nldump.Filters(l, h.parent)
 	if err != nil {
 		return nil // no filters yet
 	}
@@ -197,7 +198,7 @@ func deleteTCFilter(ifindex int, h hook) error {
 	if err != nil {
 		return nil
 	}
-	filters, err := netlink.FilterList(l, h.parent)
+	filters, err := nldump.Filters(l, h.parent)
 	if err != nil {
 		return nil // no clsact qdisc
 	}
@@ -229,7 +230,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*Att
 // deleteTCFilters deletes enimasq's tc filters from the veths that keep
 // is false for.
 func deleteTCFilters(keep map[string]bool) error {
-	links, err := netlink.LinkList()
+	links, err := nldump.Links()
 	if err != nil {
 		return fmt.Errorf("ip link list: %w", err)
 	}
