@@ -200,7 +200,7 @@ func TestDbgSaysAgentNotRunning(t *testing.T) {
 		if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 1 {
 			t.Errorf("%v: exit %v, want 1", args, err)
 		}
-		if lines := strings.Split(strings.TrimSpace(out+errOut), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "agent not running") {
+		if lines := strings.Split(strings.TrimSpace(out+errOut), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "enimasq-agent is not running") {
 			t.Errorf("%v: want one line saying agent not running, got %q", args, out+errOut)
 		}
 		if time.Since(start) > 5*time.Second {

@@ -76,10 +76,10 @@ func setup(args *skel.CmdArgs) (*NetConf, ipamapi.Attachment, pod, error) {
 // later" (11) when the agent is not running, or not ready (restoring its
 // checkpoint, reading its CiliumNode).
 func agentError(msg string, err error) error {
-	if errors.As(err, new(errAgentDown)) {
+	if errors.As(err, new(*ipamapi.NotRunningError)) {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), msg)
 	}
-	if e := (*apiError)(nil); errors.As(err, &e) && e.Body.Reason == "not-ready" {
+	if e := (*ipamapi.APIError)(nil); errors.As(err, &e) && e.Body.Reason == "not-ready" {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+msg, err.Error())
 	}
 	return types.NewError(types.ErrInternal, "enimasq-cni: "+msg, err.Error())
@@ -109,7 +109,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 		return err
 	}
 	err = newAgentClient(conf.AgentSocket, 5*time.Second).canAllocate(conf.Family)
-	var e *apiError
+	var e *ipamapi.APIError
 	switch {
 	case err == nil:
 		return nil

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+
+	"github.com/enimasq/enimasq/ipam/ipamapi"
 )
 
 // policyAnswer is the agent's answer to GET /v1/policy/devices/{device}
@@ -26,8 +28,8 @@ func (c *agentClient) waitPolicy(device string, ip netip.Addr, wait int) error {
 	var answer policyAnswer
 	path := fmt.Sprintf("/v1/policy/devices/%s?%s", url.PathEscape(device),
 		url.Values{"ip": {ip.String()}, "timeout": {fmt.Sprintf("%ds", wait)}}.Encode())
-	code, err := c.do(http.MethodGet, path, nil, &answer)
-	var agentErr *apiError
+	code, err := c.Do(http.MethodGet, path, nil, &answer)
+	var agentErr *ipamapi.APIError
 	if code == http.StatusNotFound && !errors.As(err, &agentErr) {
 		return nil
 	}

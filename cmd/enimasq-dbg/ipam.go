@@ -1,93 +1,32 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/ipamapi"
 	"github.com/spf13/cobra"
 )
 
 // apiDo sends a request with a JSON body to the agent API and decodes a
 // JSON answer into out. An error answer becomes an error with the agent's
-// message and reason; for "rules-failed" the result is printed to w first
-// (the IP is allocated).
+// message and reason (an *ipamapi.APIError).
 func apiDo(o *options, method, path string, body, out any, timeout time.Duration) error {
-	sock := o.socket()
-	client := &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", sock)
-			},
-		},
+	code, err := ipamapi.NewClient(o.socket(), timeout).Do(method, path, body, out)
+	var e *ipamapi.APIError
+	if err != nil && !errors.As(err, &e) && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) {
+		return fmt.Errorf("%w: is ENI IPAM in this agent?", err)
 	}
-	var reqBody io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		reqBody = bytes.NewReader(data)
-	}
-	req, err := http.NewRequest(method, "http://agent"+path, reqBody)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return errNotRunning(sock, err)
-		}
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		var e allocator.APIError
-		if json.Unmarshal(data, &e) != nil || e.Message == "" {
-			if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-				return fmt.Errorf("agent answered %d to %s %s: is ENI IPAM in this agent? (%s)", resp.StatusCode, method, path, strings.TrimSpace(string(data)))
-			}
-			return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(data)))
-		}
-		return &ipamError{code: resp.StatusCode, APIError: e}
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("agent answer to %s %s: %w", method, path, err)
-		}
-	}
-	return nil
-}
-
-type ipamError struct {
-	code int
-	allocator.APIError
-}
-
-func (e *ipamError) Error() string {
-	return fmt.Sprintf("%s (%s, %d)", e.Message, e.Reason, e.code)
+	return err
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -122,10 +61,10 @@ func ipamCommand(o *options) *cobra.Command {
 			var result allocator.AllocationResult
 			err := apiDo(o, http.MethodPost, path, allocator.Request{Owner: owner, Family: family, IP: ip}, &result,
 				allocator.WaitTimeout+10*time.Second)
-			var ie *ipamError
-			if errors.As(err, &ie) && ie.Result != nil {
-				printJSON(cmd.OutOrStdout(), ie.Result)
-				return fmt.Errorf("%s allocated, but: %w", ie.Result.IP, err)
+			var ie *ipamapi.APIError
+			if errors.As(err, &ie) && ie.Body.Result != nil {
+				printJSON(cmd.OutOrStdout(), ie.Body.Result)
+				return fmt.Errorf("%s allocated, but: %w", ie.Body.Result.IP, err)
 			}
 			if err != nil {
 				return err

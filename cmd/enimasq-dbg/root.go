@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
+
+	"github.com/enimasq/enimasq/ipam/ipamapi"
 )
 
 const defaultStateDir = "/var/run/enimasq"
@@ -55,43 +56,10 @@ func newRootCommand() *cobra.Command {
 	return root
 }
 
-// errNotRunning is what every command says when the agent cannot be reached.
-func errNotRunning(sock string, err error) error {
-	return fmt.Errorf("agent not running (cannot connect to %s: %v)", sock, unwrapOp(err))
-}
-
-func unwrapOp(err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		return op.Err
-	}
-	return err
-}
-
 // apiGet fetches path from the agent API. Status codes are returned, not
 // turned into errors: /healthz answers 503 with a body.
 func apiGet(o *options, path string) (int, []byte, error) {
-	sock := o.socket()
-	client := &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", sock)
-			},
-		},
-	}
-	resp, err := client.Get("http://agent" + path)
-	if err != nil {
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return 0, nil, errNotRunning(sock, err)
-		}
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	return ipamapi.NewClient(o.socket(), 10*time.Second).Get(path)
 }
 
 func statedbCommand(o *options) *cobra.Command {
@@ -215,7 +183,7 @@ func shellCommand(o *options) *cobra.Command {
 		}
 		conn, err := net.DialTimeout("unix", f.Value.String(), 2*time.Second)
 		if err != nil {
-			return errNotRunning(f.Value.String(), err)
+			return ipamapi.NotRunning(f.Value.String(), err)
 		}
 		return conn.Close()
 	}

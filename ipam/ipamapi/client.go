@@ -1,0 +1,134 @@
+package ipamapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Client is the one client of the agent's API on its unix socket (ENI
+// IPAM, policy devices, config, health, statedb): what enimasq-cni and
+// enimasq-dbg send and how they read the answers.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient talks to the agent on socket; a call gives up after timeout.
+func NewClient(socket string, timeout time.Duration) *Client {
+	return &Client{
+		socket: socket,
+		http: &http.Client{
+			Timeout: timeout,
+			Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", socket)
+			}},
+		},
+	}
+}
+
+// maxAnswer bounds what is read of an answer.
+const maxAnswer = 64 << 20
+
+// NotRunningError says that nothing answers on the socket.
+type NotRunningError struct {
+	Socket string
+	Err    error
+}
+
+func (e *NotRunningError) Error() string {
+	return fmt.Sprintf("enimasq-agent is not running (cannot connect to %s: %v)", e.Socket, e.Err)
+}
+
+func (e *NotRunningError) Unwrap() error { return e.Err }
+
+// NotRunning is the error of an agent that cannot be reached on socket.
+func NotRunning(socket string, err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	return &NotRunningError{Socket: socket, Err: err}
+}
+
+// APIError is an error answer of the agent: its status and body.
+type APIError struct {
+	Code int
+	Body Error
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s (%s, %d)", e.Body.Message, e.Body.Reason, e.Code)
+}
+
+// Get fetches path and returns the status and body as they are: the caller
+// reads the status (/healthz answers 503 with a body).
+func (c *Client) Get(path string) (int, []byte, error) {
+	return c.send(http.MethodGet, path, nil)
+}
+
+// Do sends body as JSON and decodes a JSON answer into out. An answer of
+// 300 or more is an error: an *APIError when it has the agent's error body,
+// else one that quotes the answer.
+func (c *Client) Do(method, path string, body, out any) (int, error) {
+	var data []byte
+	if body != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			return 0, fmt.Errorf("%s %s: %w", method, path, err)
+		}
+	}
+	code, answer, err := c.send(method, path, data)
+	if err != nil {
+		return code, err
+	}
+	if code >= 300 {
+		e := &APIError{Code: code}
+		if json.Unmarshal(answer, &e.Body) == nil && e.Body.Message != "" {
+			return code, e
+		}
+		return code, fmt.Errorf("agent answered %d to %s %s: %s", code, method, path, strings.TrimSpace(string(answer)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(answer, out); err != nil {
+			return code, fmt.Errorf("agent answer to %s %s: %w", method, path, err)
+		}
+	}
+	return code, nil
+}
+
+func (c *Client) send(method, path string, body []byte) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://agent"+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return 0, nil, NotRunning(c.socket, err)
+		}
+		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return resp.StatusCode, answer, nil
+}
