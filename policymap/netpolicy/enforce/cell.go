@@ -15,7 +15,7 @@ import (
 // PolicyMaps, and provides the policy-attachments and policy-bindings
 // tables and the API that a CNI ADD waits on (*API).
 var Cell = cell.Group(
-	cell.ProvidePrivate(NewTable, NewBindingsTable),
+	cell.ProvidePrivate(NewTable, NewBindingsTable, newVerdicts),
 	cell.Provide(
 		statedb.RWTable[*Attachment].ToTable,
 		statedb.RWTable[*Binding].ToTable,

@@ -1,0 +1,193 @@
+package enforce
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// VerdictPath is where the verdict API is served (under APIPatterns):
+//
+//	POST /v1/policy/verdict {"queries": [VerdictQuery...]}
+//
+// runs the policy verdict program (the program on the pods' devices, bound
+// to the policy maps as they are and to the node's mode) with
+// BPF_PROG_TEST_RUN on a packet made from each query and answers
+// VerdictAnswer, one result per query in order. The program is loaded once
+// and again only when a policy map is replaced, so a call costs the test
+// runs, not a load through the verifier. It runs with empty scratch maps of
+// tracked connections and fragments: a verdict is the policy's for a new
+// connection, and a query leaves nothing in the kernel. Errors are {"error",
+// "reason"} with 400 (invalid request) or 503 (no kernel policy maps, or the
+// program cannot be loaded).
+const VerdictPath = "/v1/policy/verdict"
+
+// MaxVerdictQueries bounds the queries of one call.
+const MaxVerdictQueries = 100000
+
+// VerdictQuery is a packet to judge, seen from the pod.
+type VerdictQuery struct {
+	// Direction is "egress" (the pod sends) or "ingress" (it receives).
+	Direction string     `json:"direction"`
+	Pod       netip.Addr `json:"pod"`
+	Peer      netip.Addr `json:"peer"`
+	// Protocol is the IP protocol number; Port the destination port
+	// (TCP, UDP and SCTP).
+	Protocol uint32 `json:"protocol"`
+	Port     uint16 `json:"port,omitempty"`
+}
+
+// VerdictResult is the program's verdict on one query.
+type VerdictResult struct {
+	Allow  bool             `json:"allow"`
+	Reason bpf.PolicyReason `json:"reason"`
+	// PortEntry is the index of the port entry that allowed, or -1.
+	PortEntry int `json:"portEntry"`
+}
+
+// VerdictRequest and VerdictAnswer are the body and answer of a call.
+type (
+	VerdictRequest struct {
+		Queries []VerdictQuery `json:"queries"`
+	}
+	VerdictAnswer struct {
+		Mode    string          `json:"mode"`
+		Results []VerdictResult `json:"results"`
+	}
+)
+
+// Verdicts serves VerdictPath: the verdict program, kept loaded.
+type Verdicts struct {
+	settings Settings
+	maps     PolicyMaps
+
+	mu   sync.Mutex
+	prog *bpf.PolicyProgram
+	ids  map[string]ebpf.MapID
+	mode *ebpf.Map
+}
+
+func newVerdicts(lc cell.Lifecycle, s Settings, maps PolicyMaps) *Verdicts {
+	v := &Verdicts{settings: s, maps: maps}
+	lc.Append(cell.Hook{OnStop: func(cell.HookContext) error { v.close(); return nil }})
+	return v
+}
+
+func (v *Verdicts) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.prog != nil {
+		v.prog.Close()
+		v.prog = nil
+	}
+	if v.mode != nil {
+		v.mode.Close()
+		v.mode = nil
+	}
+}
+
+// program returns the verdict program for the current policy maps, loaded
+// again only when one was replaced. v.mu is held.
+func (v *Verdicts) program(r *http.Request) (*bpf.PolicyProgram, error) {
+	maps, err := v.maps(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]ebpf.MapID{}
+	for name, m := range maps {
+		info, err := m.Info()
+		if err != nil {
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+		ids[name], _ = info.ID()
+	}
+	if v.prog != nil && sameIDs(v.ids, ids) {
+		return v.prog, nil
+	}
+	if v.mode == nil {
+		_, spec, err := bpf.PolicyStateSpecs()
+		if err != nil {
+			return nil, err
+		}
+		spec.Pinning = ebpf.PinNone
+		if v.mode, err = ebpf.NewMap(spec); err != nil {
+			return nil, fmt.Errorf("mode map: %w", err)
+		}
+		if err := bpf.SetPolicyMode(v.mode, v.settings.Mode); err != nil {
+			return nil, err
+		}
+	}
+	all := map[string]*ebpf.Map{bpf.PolicyModeMapName: v.mode}
+	for name, m := range maps {
+		all[name] = m
+	}
+	prog, err := bpf.LoadPolicyProgram(all)
+	if err != nil {
+		return nil, err
+	}
+	if v.prog != nil {
+		v.prog.Close()
+	}
+	v.prog, v.ids = prog, ids
+	return prog, nil
+}
+
+func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req VerdictRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, fmt.Errorf("%w: %w", errInvalid, err))
+		return
+	}
+	if len(req.Queries) > MaxVerdictQueries {
+		writeError(w, fmt.Errorf("%w: %d queries, at most %d a call", errInvalid, len(req.Queries), MaxVerdictQueries))
+		return
+	}
+	frames := make([][]byte, len(req.Queries))
+	dirs := make([]bpf.Direction, len(req.Queries))
+	for i, q := range req.Queries {
+		var err error
+		if dirs[i], err = bpf.ParseDirection(q.Direction); err != nil {
+			writeError(w, fmt.Errorf("%w: query %d: %w", errInvalid, i, err))
+			return
+		}
+		src, dst := q.Pod, q.Peer
+		if dirs[i] == bpf.Ingress {
+			src, dst = q.Peer, q.Pod
+		}
+		if q.Protocol > 255 {
+			writeError(w, fmt.Errorf("%w: query %d: protocol %d", errInvalid, i, q.Protocol))
+			return
+		}
+		if frames[i], err = bpf.PolicyTestFrame(src.Unmap(), dst.Unmap(), uint8(q.Protocol), 40000, q.Port); err != nil {
+			writeError(w, fmt.Errorf("%w: query %d: %w", errInvalid, i, err))
+			return
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	prog, err := v.program(r)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Message: err.Error(), Reason: "no-program"})
+		return
+	}
+	answer := VerdictAnswer{Mode: v.settings.Mode.String(), Results: make([]VerdictResult, len(frames))}
+	for i, frame := range frames {
+		res, err := prog.Run(dirs[i], frame)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Message: fmt.Sprintf("query %d: %v", i, err), Reason: "run"})
+			return
+		}
+		answer.Results[i] = VerdictResult{Allow: res.Allow, Reason: res.Reason, PortEntry: res.PortEntry}
+	}
+	writeJSON(w, http.StatusOK, answer)
+}
