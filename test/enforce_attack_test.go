@@ -209,24 +209,7 @@ func (n *policyNode) udpEcho(pod, addr string, size int) bool {
 // serveUDPEcho echoes every datagram that reaches addr in the netns, whole.
 func (n *policyNode) serveUDPEcho(ns, network, addr string) {
 	n.t.Helper()
-	if err := inNS(n.ns[ns], func() error {
-		u, err := net.ListenPacket(network, addr)
-		if err != nil {
-			return err
-		}
-		n.t.Cleanup(func() { u.Close() })
-		go func() {
-			buf := make([]byte, 65536)
-			for {
-				k, from, err := u.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				u.WriteTo(buf[:k], from)
-			}
-		}()
-		return nil
-	}); err != nil {
+	if err := inNS(n.ns[ns], func() error { return listenUDP(n.t, network, addr, echo) }); err != nil {
 		n.t.Fatal(err)
 	}
 }

@@ -135,21 +135,9 @@ func (n *policyNode) serve(name, ip string) {
 			if err := answerOK(n.t, "tcp4", addr); err != nil {
 				return err
 			}
-			u, err := net.ListenPacket("udp4", addr)
-			if err != nil {
+			if err := listenUDP(n.t, "udp4", addr, echo); err != nil {
 				return err
 			}
-			n.t.Cleanup(func() { u.Close() })
-			go func() {
-				buf := make([]byte, 64)
-				for {
-					k, from, err := u.ReadFrom(buf)
-					if err != nil {
-						return
-					}
-					u.WriteTo(buf[:k], from)
-				}
-			}()
 		}
 		return nil
 	})
@@ -157,6 +145,30 @@ func (n *policyNode) serve(name, ip string) {
 		n.t.Fatalf("serve in %s: %s", name, err)
 	}
 }
+
+// listenUDP listens on addr (in the calling thread's netns) and hands got
+// every datagram that arrives, until the test ends.
+func listenUDP(t *testing.T, network, addr string, got func(u net.PacketConn, b []byte, from net.Addr)) error {
+	u, err := net.ListenPacket(network, addr)
+	if err != nil {
+		return err
+	}
+	t.Cleanup(func() { u.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			k, from, err := u.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got(u, buf[:k], from)
+		}
+	}()
+	return nil
+}
+
+// echo sends a datagram back whole.
+func echo(u net.PacketConn, b []byte, from net.Addr) { u.WriteTo(b, from) }
 
 // probeTimeout is how long a probe waits for its answer: a denied packet
 // is dropped, so a probe that times out was denied.

@@ -133,21 +133,7 @@ func (n *policyNode) countUDP(ns, network, addr string) *counter {
 	n.t.Helper()
 	c := &counter{}
 	if err := inNS(n.ns[ns], func() error {
-		u, err := net.ListenPacket(network, addr)
-		if err != nil {
-			return err
-		}
-		n.t.Cleanup(func() { u.Close() })
-		go func() {
-			buf := make([]byte, 65536)
-			for {
-				if _, _, err := u.ReadFrom(buf); err != nil {
-					return
-				}
-				c.n.Add(1)
-			}
-		}()
-		return nil
+		return listenUDP(n.t, network, addr, func(net.PacketConn, []byte, net.Addr) { c.n.Add(1) })
 	}); err != nil {
 		n.t.Fatal(err)
 	}
