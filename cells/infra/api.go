@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
@@ -77,7 +76,7 @@ type apiParams struct {
 	Prometheus *Registry
 	Node       nodeconfig.Config
 	Config     APIConfig
-	Shell      shell.Config
+	Shell      ShellConfig
 	Handlers   []APIHandler `group:"api-handlers"`
 }
 

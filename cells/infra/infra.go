@@ -2,17 +2,16 @@ package infra
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/metrics"
-	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 // Infrastructure is what every feature cell needs and what an embedding agent
@@ -48,20 +47,18 @@ var Core = cell.Group(
 	),
 )
 
-// shellCell is hive's shell server with its socket defaulting to
-// <state-dir>/shell.sock.
-var shellCell = cell.Decorate(
-	func(c shell.Config, node nodeconfig.Config) shell.Config {
-		c.ShellSockPath = SocketPath(c.ShellSockPath, node.StateDir, "shell.sock")
-		return c
-	},
-	shell.ServerCell(""),
-)
+// LogThreshold is how long an invoke or a start or stop hook may take
+// before hive logs it at INFO.
+const LogThreshold = 100 * time.Millisecond
 
 // HiveOptions scopes health and a job.Group to each module, the way Cilium's
 // hive does: a feature cell asks for job.Group and cell.Health and gets its own.
 func HiveOptions() hive.Options {
 	opts := hive.DefaultOptions()
+	// The lifecycle takes its threshold here, when the hive is built
+	// (hive.WithLogThreshold given to Run reaches only the invokes): a start
+	// or stop hook faster than this logs at DEBUG, not INFO.
+	opts.LogThreshold = LogThreshold
 	opts.ModuleDecorators = cell.ModuleDecorators{
 		// The decorated Health of a parent module is the input of its
 		// child's decorator: scopes nest as "parent.child".

@@ -69,6 +69,8 @@ func probe(ctx context.Context, log *slog.Logger, health cell.Health, c *Client)
 		wait := heartbeatInterval
 		if err == nil {
 			if !connected {
+				// client-go's errors of the outage may be logged again.
+				clientGoSeen.reset()
 				log.Info("Connected to the Kubernetes API server", "host", c.Host(), "version", info.GitVersion)
 			}
 			connected, backoff = true, retryMin

@@ -27,6 +27,14 @@ type Snapshot struct {
 	Err error
 }
 
+// listWatch is a list and a watch without client-go's watch-list: its
+// reflector waits out a watch-list retry's backoff (up to 30 s) without
+// looking at the context, so that an informer would not stop while the API
+// server is away. A list then a watch stops at once.
+type listWatch struct{ *cache.ListWatch }
+
+func (listWatch) IsWatchListSemanticsUnSupported() bool { return true }
+
 // Watch runs an informer on resource gvr in namespace ("" for all
 // namespaces or a cluster-scoped resource; tweak as for ListerWatcher) until
 // ctx ends, and calls update from a single goroutine: after every change,
@@ -49,6 +57,7 @@ func (c *Client) Watch(ctx context.Context, gvr schema.GroupVersionResource, nam
 		}
 	}
 	setErr := func(err error) {
+		err = stable(err)
 		mu.Lock()
 		changed := (lastErr == nil) != (err == nil) || (err != nil && lastErr.Error() != err.Error())
 		lastErr = err
@@ -61,7 +70,7 @@ func (c *Client) Watch(ctx context.Context, gvr schema.GroupVersionResource, nam
 	// retries a refused watch without calling the watch error handler, and
 	// a list that succeeds after an outage gives no event when nothing
 	// changed.
-	lw := &cache.ListWatch{
+	lw := listWatch{&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			obj, err := inner.ListWithContext(ctx, opts)
 			setErr(err)
@@ -72,7 +81,7 @@ func (c *Client) Watch(ctx context.Context, gvr schema.GroupVersionResource, nam
 			setErr(err)
 			return w, err
 		},
-	}
+	}}
 	inf := cache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, cache.Indexers{})
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		setErr(err)

@@ -18,6 +18,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/enimasq/enimasq"
+	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cells/k8sclient"
 )
 
 // version is set at link time (-X main.version=...); otherwise the module
@@ -39,7 +41,7 @@ const stopTimeout = 4 * time.Second
 
 func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 	h := enimasq.New(enimasq.Agent)
-	var logLevel string
+	var logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:           "enimasq-agent",
 		Short:         "Keep ip-masq-agent CIDRs, BPF LPM maps and ENI pod ip rules in step",
@@ -52,9 +54,16 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
-			log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			log, err := newLogger(stderr, logFormat, level)
+			if err != nil {
+				return err
+			}
+			if err := checkDebugFlags(cmd.Flags()); err != nil {
+				return err
+			}
 			// client-go logs through klog: route it to the same logger.
-			klog.SetSlogLogger(log.With("subsys", "client-go"))
+			// Each of its retry errors is logged once, as a file's error.
+			klog.SetSlogLogger(k8sclient.Logger(log.With("subsys", "client-go")))
 			// Sockets (also hive's shell socket, which this process does not
 			// create itself) and files are 0600; directories the agent
 			// creates are chmod'ed to 0700 explicitly.
@@ -72,12 +81,15 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 					h.Shutdown()
 				}
 			}()
-			return h.Run(log, hive.WithStopTimeout(stopTimeout), hive.WithLogThreshold(100*time.Millisecond))
+			// The log threshold is a hive option (infra.HiveOptions): the
+			// lifecycle takes it when the hive is built.
+			return h.Run(log, hive.WithStopTimeout(stopTimeout))
 		},
 	}
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "Log level: debug, info, warn or error")
+	cmd.Flags().StringVar(&logFormat, "log-format", "text", "Log format: text (logfmt) or json (one object a line)")
 	h.RegisterFlags(cmd.Flags())
 	cmd.CompletionOptions.DisableDefaultCmd = true
 	if f := cmd.Flags().Lookup("shell-sock-path"); f != nil {
@@ -103,6 +115,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// newLogger logs to w in format (text or json) from level up.
+func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// debugOnlyFlags are testing flags accepted only with --enable-debug-shell.
+var debugOnlyFlags = []string{"bpf-map-fault-probability"}
+
+// checkDebugFlags refuses a fault-injection flag without
+// --enable-debug-shell: a production agent never injects faults.
+func checkDebugFlags(fs *pflag.FlagSet) error {
+	if debug, _ := fs.GetBool(infra.EnableDebugShellFlag); debug {
+		return nil
+	}
+	for _, name := range debugOnlyFlags {
+		if f := fs.Lookup(name); f != nil && f.Changed {
+			return fmt.Errorf("--%s is a testing flag: it needs --%s", name, infra.EnableDebugShellFlag)
+		}
+	}
+	return nil
 }
 
 // oneLine reduces hive's multi-line dependency-injection errors to the cause.
