@@ -127,6 +127,7 @@ func TableMetrics[E interface {
 	GetStatus() reconciler.Status
 }](db *statedb.DB, table statedb.Table[E], ops *Maps[E]) metrics.Outs {
 	entry := func(e E) (string, reconciler.Status, bool) { return e.MapName(), e.GetStatus(), e.MapName() != "" }
+	ops.metrics.Seed(ops.maxEntries)
 	return metrics.Outs{Collectors: []prometheus.Collector{
 		metrics.TableRows(db, table, func(e E) (reconciler.Status, bool) { return e.GetStatus(), e.MapName() != "" }),
 		metrics.MapPressure(db, table, entry, ops.maxEntries),

@@ -42,36 +42,7 @@ func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
 	a.Start()
 	a.WaitHealthy()
 
-	scrape := func() map[string]float64 {
-		t.Helper()
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatalf("GET /metrics: %s", err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatalf("/metrics does not parse: %s\n%s", err, body)
-		}
-		out := map[string]float64{}
-		for name, f := range families {
-			for _, m := range f.GetMetric() {
-				key := name
-				for _, l := range m.GetLabel() {
-					key += "," + l.GetName() + "=" + l.GetValue()
-				}
-				switch {
-				case m.Gauge != nil:
-					out[key] = m.GetGauge().GetValue()
-				case m.Counter != nil:
-					out[key] = m.GetCounter().GetValue()
-				}
-			}
-		}
-		return out
-	}
+	scrape := func() map[string]float64 { return scrapeMetrics(t, addr) }
 	const done = "enimasq_reconcile_rows,status=done,table=masq-map-entries"
 	a.WaitFor("3 masq entries Done in the metrics", func() bool { return scrape()[done] == 3 })
 	m := scrape()
@@ -132,4 +103,40 @@ func TestPrivilegedDbgStatusListsRowsInError(t *testing.T) {
 	if !strings.Contains(out, "Rows in error:\n  policy-map-entries") {
 		t.Errorf("no rows in error listed:\n%s", out)
 	}
+}
+
+// scrapeMetrics reads /metrics at addr with Prometheus' own parser: one
+// value per "name,label=value,..." key (labels sorted by name); a
+// histogram's count is name_count.
+func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %s", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %s\n%s", err, body)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += "," + l.GetName() + "=" + l.GetValue()
+			}
+			switch {
+			case m.Gauge != nil:
+				out[name+labels] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[name+labels] = m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				out[name+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
 }

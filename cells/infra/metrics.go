@@ -39,16 +39,49 @@ type Registry struct {
 	*prometheus.Registry
 }
 
-func newRegistry(rec *metrics.Reconciler, group metrics.In) (*Registry, error) {
+func newRegistry(rec *metrics.Reconciler, health *HealthRegistry, group metrics.In) (*Registry, error) {
 	reg := prometheus.NewRegistry()
 	if err := metrics.Register(reg, append([]prometheus.Collector{
 		rec,
+		metrics.BuildInfo(),
+		newModuleHealth(health),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, group.Collectors...)); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	return &Registry{reg}, nil
+}
+
+// Health levels, as values of enimasq_module_health's level label.
+var healthLevels = map[string]cell.Level{"ok": cell.StatusOK, "degraded": cell.StatusDegraded, "stopped": cell.StatusStopped}
+
+// moduleHealth is enimasq_module_health{module, level}, as Cilium's
+// cilium_hive_status: per module, 1 for its level (the worst of its
+// scopes: ok, degraded or stopped) and 0 for the others; a module whose
+// scopes have not reported yet (Unknown) has 0 for all three.
+type moduleHealth struct {
+	health *HealthRegistry
+	desc   *prometheus.Desc
+}
+
+func newModuleHealth(h *HealthRegistry) *moduleHealth {
+	return &moduleHealth{health: h, desc: prometheus.NewDesc(metrics.Namespace+"_module_health",
+		"A module's health: 1 for its level (ok, degraded, stopped), 0 for the others", []string{"module", "level"}, nil)}
+}
+
+func (c *moduleHealth) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *moduleHealth) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.health.Report().Modules {
+		for label, level := range healthLevels {
+			v := 0.0
+			if cell.Level(m.Level) == level {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, m.Module, label)
+		}
+	}
 }
 
 // Handler serves the registry in Prometheus' text format.

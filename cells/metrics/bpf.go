@@ -16,7 +16,27 @@ const (
 // cilium_bpf_map_ops_total: one count per entry operation the reconciler
 // made (batched or not), and per prune (map "").
 type MapOps struct {
-	ops *prometheus.CounterVec
+	ops  *prometheus.CounterVec
+	maps func() map[string]uint32 // the open maps, whose series start at 0
+}
+
+// Seed makes every series of the maps that maps returns (the open ones)
+// present at 0 from the first scrape on, and those of the prune: a first
+// failure is then an increase.
+func (m *MapOps) Seed(maps func() map[string]uint32) { m.maps = maps }
+
+func (m *MapOps) seed() {
+	for _, outcome := range []string{OutcomeSuccess, OutcomeFail} {
+		m.ops.WithLabelValues("", "prune", outcome)
+		if m.maps == nil {
+			continue
+		}
+		for name := range m.maps() {
+			for _, op := range []string{"update", "delete"} {
+				m.ops.WithLabelValues(name, op, outcome)
+			}
+		}
+	}
 }
 
 // NewMapOps makes the counter; table names the reconciled table (a const
@@ -39,7 +59,10 @@ func (m *MapOps) Observe(mapName, op string, err error) {
 }
 
 func (m *MapOps) Describe(ch chan<- *prometheus.Desc) { m.ops.Describe(ch) }
-func (m *MapOps) Collect(ch chan<- prometheus.Metric) { m.ops.Collect(ch) }
+func (m *MapOps) Collect(ch chan<- prometheus.Metric) {
+	m.seed()
+	m.ops.Collect(ch)
+}
 
 // mapPressure is enimasq_bpf_map_pressure{map}: the entries of a map that
 // the table holds in the kernel (rows Done) over its max entries, as

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -150,19 +151,30 @@ func (s *Source) Collect(ch chan<- prometheus.Metric) {
 	s.lastSuccess.Collect(ch)
 }
 
+// Reconcilers are the names of enimasq's reconcilers: their counters are
+// present at 0 from the start, so that increase() sees their first failure.
+var Reconcilers = []string{"masq-map", "policy-map", "policy-attachments", "policy-bindings", "eni-rules", "eni-routes"}
+
+// CheckReconcilers are the reconcilers whose prune is their periodic check
+// against the kernel (every second): a check that succeeds is not counted
+// as a prune (enimasq_prune_duration_seconds), a failed one is counted in
+// enimasq_prune_errors_total.
+var CheckReconcilers = []string{"policy-attachments", "policy-bindings"}
+
 // Reconciler is a reconciler.Metrics on Prometheus:
 // enimasq_reconcile_duration_seconds{reconciler, operation},
-// enimasq_reconcile_errors{reconciler} (objects currently failing),
-// enimasq_reconcile_errors_total{reconciler} (failures, counted as they
-// happen), enimasq_prune_duration_seconds{reconciler} and
+// enimasq_reconcile_objects_in_error{reconciler} (objects currently
+// failing), enimasq_reconcile_errors_total{reconciler} (failures, counted as
+// they happen), enimasq_prune_duration_seconds{reconciler} and
 // enimasq_prune_errors_total{reconciler}. The reconciler label is its name
-// (masq-map, policy-map, eni-rules, eni-routes).
+// (Reconcilers).
 type Reconciler struct {
 	duration      *prometheus.HistogramVec
 	errors        *prometheus.GaugeVec
 	errorsTotal   *prometheus.CounterVec
 	pruneDuration *prometheus.HistogramVec
 	pruneErrors   *prometheus.CounterVec
+	checks        map[string]bool
 }
 
 var _ reconciler.Metrics = (*Reconciler)(nil)
@@ -170,13 +182,15 @@ var _ reconciler.Metrics = (*Reconciler)(nil)
 // NewReconciler makes the reconciler metrics.
 func NewReconciler() *Reconciler {
 	buckets := prometheus.ExponentialBuckets(10e-6, 4, 10) // 10us .. 2.6s
-	return &Reconciler{
+	r := &Reconciler{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "reconcile_duration_seconds", Buckets: buckets,
 			Help: "Duration of one reconcile operation (update, delete) of a table's object",
 		}, []string{"reconciler", "operation"}),
+		// Not reconcile_errors: under OpenMetrics that is also the name of
+		// the counter reconcile_errors_total.
 		errors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "reconcile_errors",
+			Namespace: Namespace, Name: "reconcile_objects_in_error",
 			Help: "Objects of a table whose last reconcile failed (retried with backoff)",
 		}, []string{"reconciler"}),
 		errorsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -191,7 +205,17 @@ func NewReconciler() *Reconciler {
 			Namespace: Namespace, Name: "prune_errors_total",
 			Help: "Prunes of a table that failed",
 		}, []string{"reconciler"}),
+		checks: map[string]bool{},
 	}
+	for _, name := range CheckReconcilers {
+		r.checks[name] = true
+	}
+	for _, name := range Reconcilers {
+		r.errors.WithLabelValues(name)
+		r.errorsTotal.WithLabelValues(name)
+		r.pruneErrors.WithLabelValues(name)
+	}
+	return r
 }
 
 func (r *Reconciler) ReconciliationDuration(_ cell.FullModuleID, name, operation string, d time.Duration) {
@@ -210,6 +234,9 @@ func (r *Reconciler) PruneError(_ cell.FullModuleID, name string, err error) {
 }
 
 func (r *Reconciler) PruneDuration(_ cell.FullModuleID, name string, d time.Duration) {
+	if r.checks[name] {
+		return // the check of CheckReconcilers, every second: not a prune
+	}
 	r.pruneDuration.WithLabelValues(name).Observe(d.Seconds())
 }
 
@@ -227,4 +254,18 @@ func (r *Reconciler) Collect(ch chan<- prometheus.Metric) {
 	r.errorsTotal.Collect(ch)
 	r.pruneDuration.Collect(ch)
 	r.pruneErrors.Collect(ch)
+}
+
+// Version is the agent's version in enimasq_build_info; the standalone
+// agent sets it before its hive is built.
+var Version = "dev"
+
+// BuildInfo is enimasq_build_info{version, go_version}, always 1, as
+// Prometheus' own *_build_info.
+func BuildInfo() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "The agent's version and the Go version it was built with (always 1)",
+		ConstLabels: prometheus.Labels{"version": Version, "go_version": runtime.Version()},
+	}, func() float64 { return 1 })
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/enimasq/enimasq"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/cells/metrics"
 )
 
 // version is set at link time (-X main.version=...); otherwise the module
@@ -54,6 +55,7 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
+			metrics.Version = agentVersion() // enimasq_build_info
 			log, err := newLogger(stderr, logFormat, level)
 			if err != nil {
 				return err

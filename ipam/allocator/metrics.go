@@ -19,6 +19,9 @@ const (
 	ReasonCheckpoint     = "checkpoint"
 )
 
+// Reasons are every value of the reason label.
+var Reasons = []string{ReasonInvalidRequest, ReasonNotReady, ReasonPoolExhausted, ReasonNotInPool, ReasonIPInUse, ReasonOwnerHasIP, ReasonCheckpoint}
+
 // failureReason classifies an allocation error for the metric.
 func failureReason(err error) string {
 	for _, r := range []struct {
@@ -46,12 +49,17 @@ type ipamMetrics struct {
 }
 
 func newIPAMMetrics() *ipamMetrics {
-	return &ipamMetrics{
+	m := &ipamMetrics{
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Name: "ipam_allocation_failures_total",
 			Help: "Pod IP allocations refused, by reason",
 		}, []string{"reason"}),
 	}
+	// Every reason at 0 from the start: increase() sees the first refusal.
+	for _, reason := range Reasons {
+		m.failures.WithLabelValues(reason)
+	}
+	return m
 }
 
 func (m *ipamMetrics) allocationFailed(err error) {
