@@ -17,6 +17,7 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // Cell reads PolicyEndpoint objects into policy-endpoints, compiles them
@@ -38,15 +39,14 @@ var SourceCell = cell.Invoke(registerPolicySource)
 // writing policy-endpoints themselves.
 var MapCells = cell.Group(
 	cell.Config(DefaultPolicyConfig),
+	endpoints.Cell,
 	cell.ProvidePrivate(
-		NewPolicyEndpointsTable,
 		NewPolicyMapEntriesTable,
 		newMaps,
 		newPolicyState,
 		newPolicyMetrics,
 	),
 	cell.Provide(
-		statedb.RWTable[*PolicyEndpoint].ToTable,
 		statedb.RWTable[*PolicyMapEntry].ToTable,
 		policyScriptCommands,
 		policymap.TableMetrics[*PolicyMapEntry],

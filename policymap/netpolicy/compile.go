@@ -58,7 +58,7 @@ func newPortValue(v bpf.PolicyValue, err string) *portValue {
 // its IP (compileSelection, stamp): pods with the same selecting objects and
 // node IP share one compilation and its values.
 func CompilePod(pod netip.Addr, pes []*PolicyEndpoint) []*PolicyMapEntry {
-	sel, ok := selectionOf(pod, pes, func(pe *PolicyEndpoint) (PodEndpoint, bool) { return pe.podEntry(pod) })
+	sel, ok := selectionOf(pod, pes, func(pe *PolicyEndpoint) (PodEndpoint, bool) { return pe.PodEntry(pod) })
 	if !ok {
 		return nil
 	}
@@ -205,16 +205,6 @@ func (t *policyTemplate) stamp(out []*PolicyMapEntry, pod netip.Addr) []*PolicyM
 		}
 	}
 	return out
-}
-
-// podEntry returns the object's entry for a pod IP.
-func (pe *PolicyEndpoint) podEntry(pod netip.Addr) (PodEndpoint, bool) {
-	for _, p := range pe.Pods {
-		if p.PodIP == pod {
-			return p, true
-		}
-	}
-	return PodEndpoint{}, false
 }
 
 // prefixContains reports whether outer contains all of inner.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/cells/tablesync"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 const (
@@ -173,7 +174,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 	changes, err := d.endpoints.Changes(wtxn)
 	wtxn.Commit()
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", PolicyEndpointsTableName, err)
+		return fmt.Errorf("watch %s: %w", endpoints.PolicyEndpointsTableName, err)
 	}
 	defer changes.Close()
 	d.podsOf = map[string][]netip.Addr{}
@@ -333,7 +334,7 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn) (pods, 
 		}
 		var desired []*PolicyMapEntry
 		if d.node.FamilyEnabled(pod) && !pod.Is4In6() {
-			pes := statedb.Collect(d.endpoints.List(wtxn, PolicyEndpointPodIndex.Query(pod)))
+			pes := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
 			if sel, ok := selectionOf(pod, pes, d.hostsOf(pod)); ok {
 				key := sel.key()
 				ts, ok := d.templates[key]
@@ -366,7 +367,7 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn) (pods, 
 func (d *policyDeriver) hostsOf(pod netip.Addr) func(*PolicyEndpoint) (PodEndpoint, bool) {
 	return func(pe *PolicyEndpoint) (PodEndpoint, bool) {
 		if len(pe.Pods) <= 8 {
-			return pe.podEntry(pod)
+			return pe.PodEntry(pod)
 		}
 		h := d.hosts[pe.Key()]
 		if h == nil || h.pe != pe {

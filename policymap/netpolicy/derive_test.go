@@ -15,6 +15,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // deriverFixture runs a policyDeriver on fresh tables, without maps.
@@ -31,7 +32,7 @@ type deriverFixture struct {
 func startDeriver(t testing.TB, node nodeconfig.Config, opts ...func(*policyDeriver)) *deriverFixture {
 	t.Helper()
 	db := statedb.New()
-	eps, err := NewPolicyEndpointsTable(db)
+	eps, err := endpoints.NewPolicyEndpointsTable(db)
 	if err != nil {
 		t.Fatal(err)
 	}

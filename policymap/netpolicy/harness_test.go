@@ -24,6 +24,7 @@ import (
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // policyHarness is a running hive with the policy tables, the compiler and
@@ -124,7 +125,7 @@ func (h *policyHarness) setEndpoints(pes []*PolicyEndpoint) {
 		h.endpoints.Delete(wtxn, old)
 	}
 	for _, key := range slices.Sorted(maps.Keys(want)) {
-		old, _, found := h.endpoints.Get(wtxn, PolicyEndpointNameIndex.Query(key))
+		old, _, found := h.endpoints.Get(wtxn, endpoints.PolicyEndpointNameIndex.Query(key))
 		if found && reflect.DeepEqual(old, want[key]) {
 			continue
 		}

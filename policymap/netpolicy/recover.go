@@ -49,7 +49,7 @@ func standInName(file string, n, item int) string {
 func recoverText(file, name string, doc []byte, cause error) *PolicyEndpoint {
 	pe := &PolicyEndpoint{File: file, Name: name, IsolatesIngress: true, IsolatesEgress: true}
 	pe.Pods = podsOfText(doc)
-	return pe.standIn(cause)
+	return standIn(pe, cause)
 }
 
 // recoverJSON is the stand-in of an object (its JSON) that is not valid.
@@ -83,7 +83,7 @@ func recoverJSON(file, name, key string, js []byte, cause error) *PolicyEndpoint
 	} else {
 		pe.Pods = podsOfText(js)
 	}
-	return pe.standIn(cause)
+	return standIn(pe, cause)
 }
 
 // isolationOf reads podIsolation: both directions unless it is a list of
@@ -165,11 +165,11 @@ func validName(s string) bool {
 
 // standIn marks pe as the stand-in of an object that is not valid: no
 // rules, the cause on the row.
-func (pe *PolicyEndpoint) standIn(cause error) *PolicyEndpoint {
+func standIn(pe *PolicyEndpoint, cause error) *PolicyEndpoint {
 	pe.Ingress, pe.Egress = nil, nil
-	pe.Invalid, pe.isStandIn = cause.Error(), true
+	pe.Invalid, pe.StandIn = cause.Error(), true
 	pe.Warnings = []string{fmt.Sprintf("not valid and no last good version: its %d pod IPs are isolated in %s, allowing nothing but their node, until it is valid",
-		len(pe.Pods), pe.isolation())}
+		len(pe.Pods), pe.Isolation())}
 	return pe
 }
 
@@ -209,7 +209,7 @@ func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 			}
 		}
 		if pe := lastByKey[k]; pe != nil {
-			out = append(out, pe.kept(strings.Join(errs, "; ")))
+			out = append(out, kept(pe, strings.Join(errs, "; ")))
 			continue
 		}
 		out = append(out, unionStandIn(cs, strings.Join(errs, "; ")))
@@ -217,7 +217,7 @@ func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 	if unknownKey {
 		for _, pe := range last {
 			if copies[pe.Key()] == nil {
-				out = append(out, pe.kept("an object of the file cannot be read: it may be this one"))
+				out = append(out, kept(pe, "an object of the file cannot be read: it may be this one"))
 			}
 		}
 	}
@@ -226,7 +226,7 @@ func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 
 // kept is a copy of the last good version pe, kept in force because its
 // current version is not valid.
-func (pe *PolicyEndpoint) kept(why string) *PolicyEndpoint {
+func kept(pe *PolicyEndpoint, why string) *PolicyEndpoint {
 	c := *pe
 	c.Invalid = why
 	c.Warnings = append(slices.Clone(pe.Warnings), "not valid now: its last good version stays in force until it is valid")
@@ -243,7 +243,7 @@ func unionStandIn(cs []parsedObject, why string) *PolicyEndpoint {
 		pe.IsolatesEgress = pe.IsolatesEgress || c.pe.IsolatesEgress
 	}
 	pe.Pods = uniquePods(pe.Pods)
-	return pe.standIn(fmt.Errorf("%s", why))
+	return standIn(pe, fmt.Errorf("%s", why))
 }
 
 // oneLine joins errors (nested errors.Join included) with "; ", so that

@@ -46,10 +46,10 @@ func TestStandIns(t *testing.T) {
 				t.Fatalf("want one invalid object, got %+v, %v", objs, err)
 			}
 			pe := resolve(objs, nil)[0]
-			if pe.Key() != tc.key || pe.isolation() != tc.isolation || pe.podList() != tc.pods || pe.Pods[0].HostIP.String() != tc.hostIP ||
-				!pe.isStandIn || len(pe.Ingress)+len(pe.Egress) != 0 || !strings.Contains(pe.Invalid, tc.invalid) {
+			if pe.Key() != tc.key || pe.Isolation() != tc.isolation || pe.PodList() != tc.pods || pe.Pods[0].HostIP.String() != tc.hostIP ||
+				!pe.StandIn || len(pe.Ingress)+len(pe.Egress) != 0 || !strings.Contains(pe.Invalid, tc.invalid) {
 				t.Errorf("stand-in %s %s %s host %s rules %d/%d invalid %q\nwant %s %s %s host %s, no rules, %q",
-					pe.Key(), pe.isolation(), pe.podList(), pe.Pods[0].HostIP, len(pe.Ingress), len(pe.Egress), pe.Invalid,
+					pe.Key(), pe.Isolation(), pe.PodList(), pe.Pods[0].HostIP, len(pe.Ingress), len(pe.Egress), pe.Invalid,
 					tc.key, tc.isolation, tc.pods, tc.hostIP, tc.invalid)
 			}
 		})
@@ -71,8 +71,8 @@ func TestResolve(t *testing.T) {
 		t.Fatal("accepted")
 	}
 	out := resolve(objs, good)
-	if len(out) != 2 || out[0].Key() != "ns/p" || len(out[0].Egress) != 1 || out[0].Invalid == "" || out[0].isStandIn ||
-		out[1].Key() != "ns/q" || out[1].podList() != "10.0.0.7" || out[1].Invalid != "" {
+	if len(out) != 2 || out[0].Key() != "ns/p" || len(out[0].Egress) != 1 || out[0].Invalid == "" || out[0].StandIn ||
+		out[1].Key() != "ns/q" || out[1].PodList() != "10.0.0.7" || out[1].Invalid != "" {
 		t.Errorf("resolved %+v", out)
 	}
 
@@ -99,7 +99,7 @@ func TestPolicySourceRereadsInvalidFile(t *testing.T) {
 	for i := range 3 {
 		in, err := s.read()
 		var unknown interface{ Unwrap() []error }
-		if !errors.As(err, &unknown) || len(in.Rows) != 1 || !in.Rows[0].isStandIn || len(in.Rows[0].Warnings) != 1 || in.Incomplete {
+		if !errors.As(err, &unknown) || len(in.Rows) != 1 || !in.Rows[0].StandIn || len(in.Rows[0].Warnings) != 1 || in.Incomplete {
 			t.Fatalf("read %d: %+v, %v", i, in, err)
 		}
 	}

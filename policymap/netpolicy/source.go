@@ -21,6 +21,7 @@ import (
 	"github.com/enimasq/enimasq/cells/filewatch"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/cells/tablesync"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // policySource keeps policy-endpoints equal to the PolicyEndpoint files of
@@ -62,7 +63,7 @@ func newPolicySource(p policySourceParams, initDone func(statedb.WriteTxn)) *pol
 		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone,
 		Rows: tablesync.Rows[*PolicyEndpoint, string]{
 			Key:   (*PolicyEndpoint).Key,
-			Query: PolicyEndpointNameIndex.Query,
+			Query: endpoints.PolicyEndpointNameIndex.Query,
 			Same:  func(old, pe *PolicyEndpoint) bool { return old == pe || reflect.DeepEqual(old, pe) },
 		},
 	}

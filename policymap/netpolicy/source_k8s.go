@@ -214,7 +214,7 @@ func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoi
 func podsOnNode(pe *PolicyEndpoint, addrs map[netip.Addr]bool) *PolicyEndpoint {
 	var pods []PodEndpoint
 	for _, p := range pe.Pods {
-		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && pe.isStandIn {
+		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && pe.StandIn {
 			pods = append(pods, p)
 		}
 	}

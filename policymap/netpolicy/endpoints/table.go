@@ -1,4 +1,4 @@
-package netpolicy
+package endpoints
 
 import (
 	"fmt"
@@ -41,12 +41,13 @@ type PolicyEndpoint struct {
 	Warnings []string `json:",omitempty"`
 	// Invalid, when set, is why the object in force is not the one written
 	// (its error): the row is its last good version or, with none, its
-	// stand-in (recover.go), which isolates the pods it names and allows
-	// nothing. A stand-in whose name cannot be read has no Namespace and a
-	// Name "FILE#DOCUMENT".
+	// stand-in (the source's recover.go), which isolates the pods it names
+	// and allows nothing. A stand-in whose name cannot be read has no
+	// Namespace and a Name "FILE#DOCUMENT".
 	Invalid string `json:",omitempty"`
-	// isStandIn: the object is a stand-in, not a version of the object.
-	isStandIn bool
+	// StandIn: the object is a stand-in, not a version of the object. Not
+	// shown: Invalid and Warnings say so.
+	StandIn bool `json:"-" yaml:"-"`
 }
 
 // PodEndpoint is a pod the PolicyEndpoint selects, by IP.
@@ -118,7 +119,19 @@ func (pe *PolicyEndpoint) Selects(pod netip.Addr) bool {
 	return false
 }
 
-func (pe *PolicyEndpoint) isolation() string {
+// PodEntry returns the object's entry for a pod IP.
+func (pe *PolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) {
+	for _, p := range pe.Pods {
+		if p.PodIP == pod {
+			return p, true
+		}
+	}
+	return PodEndpoint{}, false
+}
+
+// Isolation names the directions the selected pods are isolated in
+// ("Ingress,Egress"), or "-".
+func (pe *PolicyEndpoint) Isolation() string {
 	var dirs []string
 	if pe.IsolatesIngress {
 		dirs = append(dirs, "Ingress")
@@ -135,7 +148,9 @@ func (pe *PolicyEndpoint) isolation() string {
 // shownPods is how many pod IPs a table row lists before "and N more".
 const shownPods = 4
 
-func (pe *PolicyEndpoint) podList() string {
+// PodList is the pod IPs as the row shows them: the first few, "and N
+// more", or "-".
+func (pe *PolicyEndpoint) PodList() string {
 	if len(pe.Pods) == 0 {
 		return "-"
 	}
@@ -157,8 +172,8 @@ func (pe *PolicyEndpoint) TableRow() []string {
 	return []string{
 		pe.Key(),
 		pe.PolicyRef,
-		pe.isolation(),
-		pe.podList(),
+		pe.Isolation(),
+		pe.PodList(),
 		fmt.Sprintf("%d rules", len(pe.Ingress)),
 		fmt.Sprintf("%d rules", len(pe.Egress)),
 		strings.Join(pe.Warnings, "; "),

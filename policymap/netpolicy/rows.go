@@ -1,0 +1,12 @@
+package netpolicy
+
+import "github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+
+// The rows of policy-endpoints (package endpoints) that the source writes,
+// by the names its decoder uses.
+type (
+	PolicyEndpoint = endpoints.PolicyEndpoint
+	PodEndpoint    = endpoints.PodEndpoint
+	Rule           = endpoints.Rule
+	Port           = endpoints.Port
+)
