@@ -10,8 +10,10 @@ SAMPLES   ?= $(abspath test/testdata/samples)
 all: build
 
 # cnitool (a go.mod tool) drives the CNI plugin in the demo and the tests.
+# The version (enimasq-agent --version, enimasq-dbg version) is the commit's.
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 build:
-	$(GO) build -o $(BIN)/ ./cmd/... github.com/containernetworking/cni/cnitool
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/... github.com/containernetworking/cni/cnitool
 
 # Cilium v1.20.2's cilium-agent with enimasq's cells linked in (its own Go
 # module, cmd/cilium-agent, so that the main module's tests do not pull Cilium).
