@@ -21,31 +21,45 @@ func bpfCommand(o *options) *cobra.Command {
 	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
 
 	ipmasq := &cobra.Command{Use: "ipmasq", Short: "The masquerade exemption maps (cilium_ipmasq_v4, cilium_ipmasq_v6)"}
-	ipmasq.AddCommand(
-		&cobra.Command{
-			Use:   "list",
-			Short: "List the non-masquerade prefixes in the kernel maps",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				maps, err := openIPMasqMaps(bpfRootOf(o))
+	var format string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the non-masquerade prefixes in the kernel maps",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			maps, err := openIPMasqMaps(bpfRootOf(o))
+			if err != nil {
+				return err
+			}
+			defer maps.close()
+			type entry struct {
+				Map    string       `json:"map"`
+				Prefix netip.Prefix `json:"prefix"`
+			}
+			entries := []entry{}
+			for _, m := range maps.list() {
+				prefixes, err := policymap.ListPrefixes(m.m, m.fam)
 				if err != nil {
-					return err
+					return fmt.Errorf("%s: %w", m.name, err)
 				}
-				defer maps.close()
-				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "%-18s %s\n", "MAP", "IP PREFIX/ADDRESS")
-				for _, m := range maps.list() {
-					prefixes, err := policymap.ListPrefixes(m.m, m.fam)
-					if err != nil {
-						return fmt.Errorf("%s: %w", m.name, err)
-					}
-					for _, p := range prefixes {
-						fmt.Fprintf(w, "%-18s %s\n", m.name, p)
-					}
+				for _, p := range prefixes {
+					entries = append(entries, entry{m.name, p})
 				}
-				return nil
-			},
+			}
+			if format != "" {
+				return printAs(cmd.OutOrStdout(), format, entries)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%-18s %s\n", "MAP", "IP PREFIX/ADDRESS")
+			for _, e := range entries {
+				fmt.Fprintf(w, "%-18s %s\n", e.Map, e.Prefix)
+			}
+			return nil
 		},
+	}
+	outputFlag(list, &format)
+	ipmasq.AddCommand(
+		list,
 		&cobra.Command{
 			Use:   "decide ADDRESS...",
 			Short: "Run the masquerade decision program on the kernel maps: SNAT or NO_SNAT per destination",
@@ -80,7 +94,7 @@ func bpfCommand(o *options) *cobra.Command {
 			},
 		},
 	)
-	cmd.AddCommand(ipmasq, bpfPolicyCommand(o))
+	cmd.AddCommand(ipmasq, bpfPolicyCommand(o), bpfCTCommand(o), bpfProgsCommand(o))
 	return cmd
 }
 

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"text/tabwriter"
 	"time"
 
 	"github.com/enimasq/enimasq/ipam/allocations"
@@ -96,33 +95,38 @@ func ipamCommand(o *options) *cobra.Command {
 		},
 	}
 
+	var format string
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List the allocations, one a line: IP, owner, attachment (container ID/ifname, - for none), ENI (and the state when it is not Allocated)",
+		Short: "List the allocations: IP, owner, attachment (container ID/ifname, - for none), ENI, state (and why, when not Allocated)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var infos []allocator.AllocationInfo
 			if err := apiDo(o, http.MethodGet, "/v1/ipam", nil, &infos, 10*time.Second); err != nil {
 				return err
 			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 8, 2, ' ', 0)
+			if format != "" {
+				if infos == nil {
+					infos = []allocator.AllocationInfo{}
+				}
+				return printAs(cmd.OutOrStdout(), format, infos)
+			}
+			t := newTable(cmd.OutOrStdout(), "IP", "OWNER", "ATTACHMENT", "ENI", "STATE")
 			for _, a := range infos {
 				eni := a.ENI
 				if eni == "" {
 					eni = "-"
 				}
-				line := a.IP + "\t" + a.Owner + "\t" + a.Attachment().String() + "\t" + eni
-				if a.State != string(allocations.StateAllocated) {
-					line += "\t" + a.State
-					if a.Reason != "" {
-						line += ": " + a.Reason
-					}
+				state := a.State
+				if a.State != string(allocations.StateAllocated) && a.Reason != "" {
+					state += ": " + a.Reason
 				}
-				fmt.Fprintln(w, line)
+				t.row(a.IP, a.Owner, a.Attachment().String(), eni, state)
 			}
-			return w.Flush()
+			return t.flush()
 		},
 	}
+	outputFlag(list, &format)
 
 	cmd.AddCommand(allocate, release, list)
 	return cmd

@@ -3,14 +3,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 )
 
 func main() {
 	cmd := newRootCommand()
-	if err := cmd.Execute(); err != nil {
+	err := cmd.Execute()
+	var silent silentExit
+	if err != nil && !errors.As(err, &silent) {
 		fmt.Fprintf(os.Stderr, "enimasq-dbg: %s\n", err)
-		os.Exit(1)
 	}
+	os.Exit(exitCodeOf(err))
 }

@@ -4,11 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	stdmaps "maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/cilium/ebpf"
@@ -24,18 +25,30 @@ const defaultBPFRoot = "/sys/fs/bpf"
 //
 //	enimasq-dbg policy verdict --pod IP --peer IP --direction egress|ingress --proto tcp|udp|sctp --port N
 //
-// The map listing, `enimasq-dbg bpf policy list [--pod IP]`, belongs under
-// the bpf command: see bpfPolicyCommand. Both read the pinned maps directly
-// (root needed), not the agent.
+// The map listings, `enimasq-dbg bpf policy list [--pod IP]` and `bpf
+// policy pods`, belong under the bpf command: see bpfPolicyCommand. They
+// read the pinned maps directly (root needed), not the agent.
 func policyCommands(o *options) []*cobra.Command {
 	return []*cobra.Command{policyCommand(o)}
 }
 
-// bpfPolicyCommand is `bpf policy`: `bpf policy list [--pod IP]`. It takes
-// --bpf-root from the bpf command.
+// policyEntryJSON is a policy map entry as -o json|yaml prints it.
+type policyEntryJSON struct {
+	Map   string       `json:"map"`
+	Pod   netip.Addr   `json:"pod"`
+	Peer  netip.Prefix `json:"peer"`
+	Ports string       `json:"ports"`
+}
+
+func entryJSON(e netpolicy.KernelPolicyEntry) policyEntryJSON {
+	return policyEntryJSON{Map: e.Map, Pod: e.Pod, Peer: e.Peer, Ports: e.Value.String()}
+}
+
+// bpfPolicyCommand is `bpf policy`: `bpf policy list [--pod IP]` and `bpf
+// policy pods`. It takes --bpf-root from the bpf command.
 func bpfPolicyCommand(o *options) *cobra.Command {
-	policy := &cobra.Command{Use: "policy", Short: "The network-policy maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6)"}
-	var pod string
+	policy := &cobra.Command{Use: "policy", Short: "The network-policy maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6, enimasq_policy_pods)"}
+	var pod, format string
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the policy map entries, decoded: map, pod, peer prefix, allowed ports",
@@ -55,20 +68,151 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer closeMaps(maps)
-			out, err := netpolicy.ListPolicyMaps(maps, podIP)
-			if err != nil {
-				return err
+			entries := []policyEntryJSON{}
+			var lines []string
+			for _, name := range bpf.PolicyMapNames {
+				m, ok := maps[name]
+				if !ok {
+					continue
+				}
+				es, err := netpolicy.ListPolicyMap(name, m, podIP)
+				if err != nil {
+					return err
+				}
+				for _, e := range es {
+					entries = append(entries, entryJSON(e))
+					lines = append(lines, e.String())
+				}
 			}
-			_, err = fmt.Fprint(cmd.OutOrStdout(), out)
-			return err
+			w := cmd.OutOrStdout()
+			if format != "" {
+				return printAs(w, format, entries)
+			}
+			// One space between the columns, as the shell's
+			// policymap/list prints the entries.
+			fmt.Fprintln(w, "MAP POD PEER PORTS")
+			for _, l := range lines {
+				fmt.Fprintln(w, l)
+			}
+			return nil
 		},
 	}
 	list.Flags().StringVar(&pod, "pod", "", "Only the entries of this pod IP")
-	policy.AddCommand(list)
+	outputFlag(list, &format)
+	policy.AddCommand(list, bpfPolicyPodsCommand(o))
 	return policy
 }
 
+// policyPod is an entry of enimasq_policy_pods.
+type policyPod struct {
+	Pod     netip.Addr `json:"pod"`
+	Ifindex uint32     `json:"ifindex"`
+	Device  string     `json:"device,omitempty"`
+}
+
+// bpfPolicyPodsCommand is `bpf policy pods`: the pinned enimasq_policy_pods,
+// the pod addresses and the devices they are bound to (the anti-spoofing
+// check of the programs).
+func bpfPolicyPodsCommand(o *options) *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "pods",
+		Short: "List the pod addresses bound to their devices (enimasq_policy_pods): pod, ifindex, device",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := openPinned(bpfRootOf(o), bpf.PolicyPodsMapName)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			keys, err := bpf.Keys(m)
+			if err != nil {
+				return fmt.Errorf("%s: %w", bpf.PolicyPodsMapName, err)
+			}
+			names := deviceNames(o)
+			pods := []policyPod{}
+			for _, k := range keys {
+				addr, ok := bpf.PolicyPodOfKey(k)
+				if !ok {
+					return fmt.Errorf("%s: a key of %d bytes that is no pod address: the layout changed?", bpf.PolicyPodsMapName, len(k))
+				}
+				var ifindex uint32
+				if err := m.Lookup(k, &ifindex); errors.Is(err, ebpf.ErrKeyNotExist) {
+					continue
+				} else if err != nil {
+					return fmt.Errorf("%s %s: %w", bpf.PolicyPodsMapName, addr, err)
+				}
+				pods = append(pods, policyPod{Pod: addr, Ifindex: ifindex, Device: names(ifindex)})
+			}
+			slices.SortFunc(pods, func(a, b policyPod) int { return a.Pod.Compare(b.Pod) })
+			if format != "" {
+				return printAs(cmd.OutOrStdout(), format, pods)
+			}
+			t := newTable(cmd.OutOrStdout(), "POD", "IFINDEX", "DEVICE")
+			for _, p := range pods {
+				t.row(p.Pod.String(), strconv.Itoa(int(p.Ifindex)), orDash(p.Device))
+			}
+			return t.flush()
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// deviceNames names the ifindexes of the pods' devices: as the agent's
+// policy-bindings and policy-attachments rows say (the agent may run in
+// another network namespace), else as this network namespace's links.
+func deviceNames(o *options) func(uint32) string {
+	known := map[uint32]string{}
+	for _, table := range []string{"policy-bindings", "policy-attachments"} {
+		code, body, err := apiGet(o, "/statedb/dump/"+table)
+		if err != nil || code != http.StatusOK {
+			continue
+		}
+		var dump map[string][]struct {
+			Device  string
+			Ifindex uint32
+		}
+		if json.Unmarshal(body, &dump) != nil {
+			continue
+		}
+		for _, row := range dump[table] {
+			known[row.Ifindex] = row.Device
+		}
+	}
+	return func(ifindex uint32) string {
+		if name, ok := known[ifindex]; ok || len(known) > 0 {
+			return name
+		}
+		if l, err := net.InterfaceByIndex(int(ifindex)); err == nil {
+			return l.Name
+		}
+		return ""
+	}
+}
+
 const bpfRootUsage = "bpffs mount the agent pins its maps under (default: asked of the agent, else " + defaultBPFRoot + ")"
+
+// agentBPFRoot is the agent's bpffs root (GET /v1/config), "" when the agent
+// does not answer.
+func agentBPFRoot(o *options) string {
+	if code, body, err := apiGet(o, "/v1/config"); err == nil && code == http.StatusOK {
+		var paths struct {
+			BPFRoot string `json:"bpfRoot"`
+		}
+		if json.Unmarshal(body, &paths) == nil {
+			return paths.BPFRoot
+		}
+	}
+	return ""
+}
 
 // bpfRootOf is the bpffs root to read: --bpf-root when given, else the
 // agent's own (GET /v1/config), so that every command works against an
@@ -77,76 +221,23 @@ func bpfRootOf(o *options) string {
 	if o.bpfRoot != "" {
 		return o.bpfRoot
 	}
-	if code, body, err := apiGet(o, "/v1/config"); err == nil && code == http.StatusOK {
-		var paths struct {
-			BPFRoot string `json:"bpfRoot"`
-		}
-		if json.Unmarshal(body, &paths) == nil && paths.BPFRoot != "" {
-			return paths.BPFRoot
-		}
+	if root := agentBPFRoot(o); root != "" {
+		return root
 	}
 	return defaultBPFRoot
 }
 
-func policyCommand(o *options) *cobra.Command {
-	var pod, peer, direction, proto string
-	var port uint16
-	cmd := &cobra.Command{Use: "policy", Short: "Network policy on this node (reads the pinned maps; needs root)"}
-	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
-	verdict := &cobra.Command{
-		Use:   "verdict",
-		Short: "Run the policy verdict program on the pinned maps for a packet: ALLOW or DENY, and the entry that decided",
-		Long: "Builds a packet between --pod and --peer (egress: from the pod; ingress: to the pod)\n" +
-			"with the protocol and destination port, runs enimasq's tc verdict program on it with\n" +
-			"BPF_PROG_TEST_RUN against the pinned maps, and prints ALLOW or DENY with the pod's\n" +
-			"longest matching key and the port entry that allowed.",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			args := []string{direction, pod, peer, proto}
-			if cmd.Flags().Changed("port") {
-				args = append(args, strconv.Itoa(int(port)))
-			}
-			q, err := netpolicy.ParseVerdictQuery(args)
-			if err != nil {
-				return err
-			}
-			maps, err := openPolicyMaps(bpfRootOf(o), false)
-			if err != nil {
-				return err
-			}
-			defer closeMaps(maps)
-			// The node's enforcing mode, so that the verdict is the
-			// kernel's; the tracked connections are not used: a verdict
-			// is the policy's for a new connection.
-			withMode := maps
-			mode := filepath.Join(bpf.GlobalsDir(bpfRootOf(o)), bpf.PolicyModeMapName)
-			if m, err := ebpf.LoadPinnedMap(mode, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
-				defer m.Close()
-				withMode = stdmaps.Clone(maps)
-				withMode[bpf.PolicyModeMapName] = m
-			}
-			prog, err := bpf.LoadPolicyProgram(withMode)
-			if err != nil {
-				return err
-			}
-			defer prog.Close()
-			v, err := netpolicy.JudgePacket(prog, maps, q)
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), v)
-			return err
-		},
+// openPinned opens the pinned map name of the globals dir, read-only.
+func openPinned(bpfRoot, name string) (*ebpf.Map, error) {
+	path := filepath.Join(bpf.GlobalsDir(bpfRoot), name)
+	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s is not pinned (is the agent running with --enable-network-policy, and is --bpf-root right?)", path)
 	}
-	verdict.Flags().StringVar(&pod, "pod", "", "The pod's IP (required)")
-	verdict.Flags().StringVar(&peer, "peer", "", "The peer's IP, of the pod's family (required)")
-	verdict.Flags().StringVar(&direction, "direction", "egress", "egress (the pod sends) or ingress (the pod receives)")
-	verdict.Flags().StringVar(&proto, "proto", "tcp", "tcp, udp, sctp, icmp, icmpv6 or a protocol number")
-	verdict.Flags().Uint16Var(&port, "port", 0, "Destination port (required for tcp, udp and sctp)")
-	verdict.MarkFlagRequired("pod")
-	verdict.MarkFlagRequired("peer")
-	cmd.AddCommand(verdict)
-	return cmd
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return m, nil
 }
 
 // openPolicyMaps opens the pinned policy maps under bpfRoot, by name; maps

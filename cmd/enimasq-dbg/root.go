@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -41,7 +40,8 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
+	// cobra's completion command: enimasq-dbg completion bash|zsh|fish|powershell.
+	root.CompletionOptions.HiddenDefaultCmd = false
 	root.PersistentFlags().StringVar(&o.stateDir, "state-dir", defaultStateDir, "The agent's state dir (socket paths default into it)")
 	root.PersistentFlags().StringVar(&o.apiSocket, "socket", "", "Agent API socket (default <state-dir>/enimasq.sock)")
 	root.AddCommand(
@@ -51,8 +51,13 @@ func newRootCommand() *cobra.Command {
 		shellCommand(o),
 		bpfCommand(o),
 		ipamCommand(o),
+		versionCommand(o),
+		bugtoolCommand(o),
 	)
 	root.AddCommand(policyCommands(o)...)
+	for _, c := range root.Commands() {
+		failUnknownSubcommands(c)
+	}
 	return root
 }
 
@@ -115,23 +120,26 @@ func dumpTables(o *options, tables []string) ([]byte, error) {
 }
 
 type healthReport struct {
-	OK      bool `json:"ok"`
-	Modules []struct {
-		Module   string `json:"module"`
-		Level    string `json:"level"`
-		Degraded []struct {
-			Scope   string `json:"scope"`
-			Message string `json:"message"`
-			Error   string `json:"error"`
-		} `json:"degraded"`
-	} `json:"modules"`
+	OK      bool           `json:"ok"`
+	Modules []moduleHealth `json:"modules"`
+}
+
+type moduleHealth struct {
+	Module   string `json:"module"`
+	Level    string `json:"level"`
+	Degraded []struct {
+		Scope   string `json:"scope"`
+		Message string `json:"message"`
+		Error   string `json:"error,omitempty"`
+	} `json:"degraded,omitempty"`
 }
 
 func healthCommand(o *options) *cobra.Command {
 	var asJSON bool
+	var format string
 	cmd := &cobra.Command{
 		Use:   "health",
-		Short: "Show module health (exit 1 when a module is degraded)",
+		Short: "Show module health (exit 1 when a module is degraded, 2 when the agent is not running)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			code, body, err := apiGet(o, "/healthz")
@@ -143,27 +151,38 @@ func healthCommand(o *options) *cobra.Command {
 				return fmt.Errorf("agent answered %d with a body that is not a health report: %w", code, err)
 			}
 			w := cmd.OutOrStdout()
-			if asJSON {
+			switch {
+			case asJSON && format == "":
 				w.Write(body)
-			} else {
+			case format != "":
+				var raw any
+				json.Unmarshal(body, &raw)
+				if err := printAs(w, format, raw); err != nil {
+					return err
+				}
+			default:
+				t := newTable(w, "MODULE", "LEVEL")
 				for _, m := range rep.Modules {
-					fmt.Fprintf(w, "%-12s %s\n", m.Module, m.Level)
+					t.row(m.Module, m.Level)
 					for _, d := range m.Degraded {
-						fmt.Fprintf(w, "  %s: %s", d.Scope, d.Message)
+						reason := d.Message
 						if d.Error != "" {
-							fmt.Fprintf(w, ": %s", d.Error)
+							reason += ": " + d.Error
 						}
-						fmt.Fprintln(w)
+						t.line("  " + d.Scope + ": " + reason)
 					}
 				}
+				t.flush()
 			}
 			if !rep.OK {
-				return errors.New("agent is degraded")
+				return errDegraded
 			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "Print the report as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "Print the report as JSON (as -o json)")
+	cmd.Flags().MarkDeprecated("json", "use -o json")
+	outputFlag(cmd, &format)
 	return cmd
 }
 

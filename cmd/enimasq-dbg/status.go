@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,46 +27,125 @@ var statusTables = []string{"masq-map-entries", "policy-map-entries", "eni-rules
 // it shows exactly what Prometheus scrapes.
 func statusCommand(o *options) *cobra.Command {
 	var verbose bool
+	var format string
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Summary: module health, rows by reconcile status, map pressure, IPAM pool (exit 1 when degraded)",
+		Short: "Summary: module health, rows by reconcile status, map pressure, IPAM pool (exit 1 when degraded, 2 when the agent is not running)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, body, err := apiGet(o, "/healthz")
+			rep, err := agentStatus(o, verbose)
 			if err != nil {
 				return err
-			}
-			var rep healthReport
-			if err := json.Unmarshal(body, &rep); err != nil {
-				return fmt.Errorf("health report: %w", err)
-			}
-			code, body, err := apiGet(o, "/metrics")
-			if err != nil {
-				return err
-			}
-			if code != http.StatusOK {
-				return fmt.Errorf("metrics: agent answered %d", code)
-			}
-			parser := expfmt.NewTextParser(model.UTF8Validation)
-			families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-			if err != nil {
-				return fmt.Errorf("metrics: %w", err)
 			}
 			w := cmd.OutOrStdout()
-			writeStatus(w, rep, families)
-			if verbose {
-				if err := writeErrorRows(w, o); err != nil {
+			if format != "" {
+				if err := printAs(w, format, rep); err != nil {
 					return err
 				}
+			} else {
+				writeStatus(w, rep)
 			}
 			if !rep.OK {
-				return errors.New("agent is degraded")
+				return errDegraded
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "Also list the rows in error, with their reason")
+	outputFlag(cmd, &format)
 	return cmd
+}
+
+// statusReport is what status prints (-o json|yaml: as it is).
+type statusReport struct {
+	OK      bool                `json:"ok"`
+	Modules []moduleHealth      `json:"modules"`
+	Tables  map[string]rowCount `json:"tables,omitempty"`
+	Maps    map[string]mapUse   `json:"maps,omitempty"`
+	Pool    map[string]poolUse  `json:"ipamPool,omitempty"`
+	Sources map[string]source   `json:"sources,omitempty"`
+	// ErrorRows are the rows in error (--verbose): "table key: error".
+	ErrorRows []string `json:"errorRows,omitempty"`
+}
+
+type (
+	rowCount struct {
+		Done    float64 `json:"done"`
+		Pending float64 `json:"pending"`
+		Error   float64 `json:"error"`
+	}
+	mapUse struct {
+		Entries  float64 `json:"entries"`
+		Pressure float64 `json:"pressure"`
+	}
+	poolUse struct {
+		Pool      float64 `json:"pool"`
+		Used      float64 `json:"used"`
+		Available float64 `json:"available"`
+	}
+	source struct {
+		// LastSuccess is the Unix time of the last good read, 0 for never.
+		LastSuccess float64 `json:"lastSuccess"`
+		Errors      float64 `json:"errors"`
+	}
+)
+
+// agentMetrics fetches and parses the agent's /metrics.
+func agentMetrics(o *options) (map[string]*dto.MetricFamily, error) {
+	code, body, err := apiGet(o, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("metrics: agent answered %d", code)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return families, nil
+}
+
+func agentStatus(o *options, verbose bool) (statusReport, error) {
+	var rep statusReport
+	_, body, err := apiGet(o, "/healthz")
+	if err != nil {
+		return rep, err
+	}
+	var health healthReport
+	if err := json.Unmarshal(body, &health); err != nil {
+		return rep, fmt.Errorf("health report: %w", err)
+	}
+	rep.OK, rep.Modules = health.OK, health.Modules
+	families, err := agentMetrics(o)
+	if err != nil {
+		return rep, err
+	}
+	rep.Tables = map[string]rowCount{}
+	for t, r := range byLabels(families, "enimasq_reconcile_rows", "table", "status") {
+		rep.Tables[t] = rowCount{Done: r["done"], Pending: r["pending"], Error: r["error"]}
+	}
+	entries := byLabels(families, "enimasq_bpf_map_entries", "map", "")
+	rep.Maps = map[string]mapUse{}
+	for m, p := range byLabels(families, "enimasq_bpf_map_pressure", "map", "") {
+		rep.Maps[m] = mapUse{Entries: entries[m][""], Pressure: p[""]}
+	}
+	rep.Pool = map[string]poolUse{}
+	for e, p := range byLabels(families, "enimasq_ipam_ips", "eni", "type") {
+		rep.Pool[e] = poolUse{Pool: p["pool"], Used: p["used"], Available: p["available"]}
+	}
+	errs := byLabels(families, "enimasq_source_errors_total", "source", "")
+	rep.Sources = map[string]source{}
+	for src, last := range byLabels(families, "enimasq_source_last_success_timestamp_seconds", "source", "") {
+		rep.Sources[src] = source{LastSuccess: last[""], Errors: errs[src][""]}
+	}
+	if verbose {
+		if rep.ErrorRows, err = errorRows(o); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
 }
 
 // byLabels indexes the samples of family name (gauges and counters) by the
@@ -93,9 +171,8 @@ func byLabels(families map[string]*dto.MetricFamily, name, row, col string) map[
 	return out
 }
 
-func writeStatus(out io.Writer, rep healthReport, families map[string]*dto.MetricFamily) {
+func writeStatus(out io.Writer, rep statusReport) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	defer w.Flush()
 
 	overall := "OK"
 	if !rep.OK {
@@ -113,61 +190,63 @@ func writeStatus(out io.Writer, rep healthReport, families map[string]*dto.Metri
 			fmt.Fprintf(w, "    %s\t%s\n", d.Scope, reason)
 		}
 	}
-
-	rows := byLabels(families, "enimasq_reconcile_rows", "table", "status")
-	if len(rows) > 0 {
+	if len(rep.Tables) > 0 {
 		fmt.Fprintln(w, "Tables:\tdone\tpending\terror")
-		for _, t := range sortedKeys(rows) {
-			r := rows[t]
-			fmt.Fprintf(w, "  %s\t%g\t%g\t%g\n", t, r["done"], r["pending"], r["error"])
+		for _, t := range sortedKeys(rep.Tables) {
+			r := rep.Tables[t]
+			fmt.Fprintf(w, "  %s\t%g\t%g\t%g\n", t, r.Done, r.Pending, r.Error)
 		}
 	}
-
-	entries := byLabels(families, "enimasq_bpf_map_entries", "map", "")
-	if pressure := byLabels(families, "enimasq_bpf_map_pressure", "map", ""); len(pressure) > 0 {
+	if len(rep.Maps) > 0 {
 		fmt.Fprintln(w, "Maps:\tentries\tpressure")
-		for _, m := range sortedKeys(pressure) {
-			fmt.Fprintf(w, "  %s\t%g\t%.2f%%\n", m, entries[m][""], 100*pressure[m][""])
+		for _, m := range sortedKeys(rep.Maps) {
+			fmt.Fprintf(w, "  %s\t%g\t%.2f%%\n", m, rep.Maps[m].Entries, 100*rep.Maps[m].Pressure)
 		}
 	}
-
-	pool := byLabels(families, "enimasq_ipam_ips", "eni", "type")
-	if len(pool) > 0 {
+	if len(rep.Pool) > 0 {
 		fmt.Fprintln(w, "IPAM pool:\tpool\tused\tavailable")
-		for _, e := range sortedKeys(pool) {
-			p := pool[e]
-			fmt.Fprintf(w, "  %s\t%g\t%g\t%g\n", e, p["pool"], p["used"], p["available"])
+		for _, e := range sortedKeys(rep.Pool) {
+			p := rep.Pool[e]
+			fmt.Fprintf(w, "  %s\t%g\t%g\t%g\n", e, p.Pool, p.Used, p.Available)
 		}
 	}
-
-	errs := byLabels(families, "enimasq_source_errors_total", "source", "")
-	if last := byLabels(families, "enimasq_source_last_success_timestamp_seconds", "source", ""); len(last) > 0 {
+	if len(rep.Sources) > 0 {
 		fmt.Fprintln(w, "Sources:\tlast good read\terrors")
-		for _, src := range sortedKeys(last) {
+		for _, src := range sortedKeys(rep.Sources) {
 			when := "never"
-			if t := last[src][""]; t > 0 {
+			if t := rep.Sources[src].LastSuccess; t > 0 {
 				when = time.Since(time.Unix(int64(t), 0)).Round(time.Second).String() + " ago"
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%g\n", src, when, errs[src][""])
+			fmt.Fprintf(w, "  %s\t%s\t%g\n", src, when, rep.Sources[src].Errors)
+		}
+	}
+	w.Flush()
+	if rep.ErrorRows != nil {
+		fmt.Fprintln(out, "Rows in error:")
+		for _, r := range rep.ErrorRows {
+			fmt.Fprintf(out, "  %s\n", r)
+		}
+		if len(rep.ErrorRows) == 0 {
+			fmt.Fprintln(out, "  none")
 		}
 	}
 }
 
-// writeErrorRows lists the rows in error of the desired-state tables.
-func writeErrorRows(w io.Writer, o *options) error {
-	fmt.Fprintln(w, "Rows in error:")
-	n := 0
+// errorRows lists the rows in error of the desired-state tables, as
+// "table key: error" (an empty, non-nil list for none).
+func errorRows(o *options) ([]string, error) {
+	out := []string{}
 	for _, table := range statusTables {
 		code, body, err := apiGet(o, "/statedb/dump/"+table)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if code != http.StatusOK {
 			continue // the table is not in this agent
 		}
 		var dump map[string][]map[string]json.RawMessage
 		if err := json.Unmarshal(body, &dump); err != nil {
-			return fmt.Errorf("dump %s: %w", table, err)
+			return nil, fmt.Errorf("dump %s: %w", table, err)
 		}
 		for _, row := range dump[table] {
 			var st reconciler.Status
@@ -176,14 +255,10 @@ func writeErrorRows(w io.Writer, o *options) error {
 			}
 			delete(row, "Status")
 			key, _ := json.Marshal(row)
-			fmt.Fprintf(w, "  %s %s: %s\n", table, key, st.GetError())
-			n++
+			out = append(out, fmt.Sprintf("%s %s: %s", table, key, st.GetError()))
 		}
 	}
-	if n == 0 {
-		fmt.Fprintln(w, "  none")
-	}
-	return nil
+	return out, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

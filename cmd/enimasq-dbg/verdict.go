@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	stdmaps "maps"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/policymap/netpolicy"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+)
+
+// verdictArgs are the flags of one query.
+type verdictArgs struct {
+	pod, peer, direction, proto string
+	port                        uint16
+}
+
+func (a *verdictArgs) register(fs *pflag.FlagSet) {
+	fs.StringVar(&a.pod, "pod", "", "The pod's IP (required)")
+	fs.StringVar(&a.peer, "peer", "", "The peer's IP, of the pod's family (required)")
+	fs.StringVar(&a.direction, "direction", "egress", "egress (the pod sends) or ingress (the pod receives)")
+	fs.StringVar(&a.proto, "proto", "tcp", "tcp, udp, sctp, icmp, icmpv6 or a protocol number")
+	fs.Uint16Var(&a.port, "port", 0, "Destination port (required for tcp, udp and sctp)")
+}
+
+func (a *verdictArgs) query(fs *pflag.FlagSet) (netpolicy.VerdictQuery, error) {
+	if a.pod == "" || a.peer == "" {
+		return netpolicy.VerdictQuery{}, errors.New("--pod and --peer are required")
+	}
+	args := []string{a.direction, a.pod, a.peer, a.proto}
+	if fs.Changed("port") {
+		args = append(args, strconv.Itoa(int(a.port)))
+	}
+	return netpolicy.ParseVerdictQuery(args)
+}
+
+// parseQueryLine parses a line of --stdin: the flags of one query
+// ("--pod 10.0.0.5 --peer 10.1.2.3 --proto udp --port 53"), or the shell's
+// "direction pod peer protocol [port]".
+func parseQueryLine(line string) (netpolicy.VerdictQuery, error) {
+	fields := strings.Fields(line)
+	if len(fields) > 0 && !strings.HasPrefix(fields[0], "-") {
+		return netpolicy.ParseVerdictQuery(fields)
+	}
+	var a verdictArgs
+	fs := pflag.NewFlagSet("query", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	a.register(fs)
+	if err := fs.Parse(fields); err != nil {
+		return netpolicy.VerdictQuery{}, err
+	}
+	if fs.NArg() > 0 {
+		return netpolicy.VerdictQuery{}, fmt.Errorf("unexpected %q", fs.Arg(0))
+	}
+	return a.query(fs)
+}
+
+// verdictJSON is a verdict as -o json|yaml prints it.
+type verdictJSON struct {
+	Query     string           `json:"query"`
+	Verdict   string           `json:"verdict"`
+	Reason    string           `json:"reason"`
+	Map       string           `json:"map"`
+	Entry     *policyEntryJSON `json:"entry,omitempty"`
+	PortEntry int              `json:"portEntry"`
+	// Program says which program judged: "agent" (the one the agent
+	// keeps loaded) or "loaded" (loaded by this call).
+	Program string `json:"program,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+func toJSON(v netpolicy.Verdict) verdictJSON {
+	out := verdictJSON{Query: v.Query.String(), Verdict: "DENY", Reason: v.Result.Reason.String(), Map: v.Map, PortEntry: v.Result.PortEntry}
+	if v.Result.Allow {
+		out.Verdict = "ALLOW"
+	}
+	if v.Entry != nil {
+		e := entryJSON(*v.Entry)
+		out.Entry = &e
+	}
+	return out
+}
+
+func policyCommand(o *options) *cobra.Command {
+	var q verdictArgs
+	var stdin, exitCode bool
+	var format string
+	cmd := &cobra.Command{Use: "policy", Short: "Network policy on this node (reads the pinned maps; needs root)"}
+	cmd.PersistentFlags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
+	verdict := &cobra.Command{
+		Use:   "verdict (--pod IP --peer IP [--direction D] [--proto P] [--port N] | --stdin)",
+		Short: "Run the policy verdict program on the pinned maps for a packet: ALLOW or DENY, and the entry that decided",
+		Long: "Builds a packet between --pod and --peer (egress: from the pod; ingress: to the pod)\n" +
+			"with the protocol and destination port, runs enimasq's tc verdict program on it with\n" +
+			"BPF_PROG_TEST_RUN against the pinned maps, and prints ALLOW or DENY with the pod's\n" +
+			"longest matching key and the port entry that allowed.\n\n" +
+			"The running agent runs the program it keeps loaded (POST /v1/policy/verdict): no\n" +
+			"program is loaded per call. Without an agent (or with another --bpf-root than its\n" +
+			"own) the program is loaded here, through the verifier.\n\n" +
+			"--stdin reads one query a line, in the flags' syntax (\"--pod 10.0.0.5 --peer 10.1.2.3\n" +
+			"--proto udp --port 53\") or as \"egress 10.0.0.5 10.1.2.3 udp 53\", and answers one line\n" +
+			"each, in order (a query that cannot be read: \"ERROR <query>: <why>\"). With\n" +
+			"--exit-code it exits 1 when a verdict is DENY.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var queries []netpolicy.VerdictQuery
+			var errs []error // per query, nil when it parsed
+			var lines []string
+			if stdin {
+				sc := bufio.NewScanner(cmd.InOrStdin())
+				sc.Buffer(make([]byte, 64<<10), 1<<20)
+				for sc.Scan() {
+					line := strings.TrimSpace(sc.Text())
+					if line == "" || strings.HasPrefix(line, "#") {
+						continue
+					}
+					qq, err := parseQueryLine(line)
+					queries, errs, lines = append(queries, qq), append(errs, err), append(lines, line)
+				}
+				if err := sc.Err(); err != nil {
+					return fmt.Errorf("stdin: %w", err)
+				}
+			} else {
+				qq, err := q.query(cmd.Flags())
+				if err != nil {
+					return err
+				}
+				queries, errs, lines = []netpolicy.VerdictQuery{qq}, []error{nil}, []string{""}
+			}
+			verdicts, verrs, program, err := judge(o, queries, errs)
+			if err != nil {
+				return err
+			}
+			return printVerdicts(cmd.OutOrStdout(), format, program, stdin, exitCode, lines, verdicts, verrs)
+		},
+	}
+	q.register(verdict.Flags())
+	verdict.Flags().BoolVar(&stdin, "stdin", false, "Read the queries from stdin, one a line")
+	verdict.Flags().BoolVar(&exitCode, "exit-code", false, "Exit 1 when a verdict is DENY")
+	verdict.MarkFlagsMutuallyExclusive("stdin", "pod")
+	verdict.MarkFlagsMutuallyExclusive("stdin", "peer")
+	outputFlag(verdict, &format)
+	cmd.AddCommand(verdict)
+	return cmd
+}
+
+func printVerdicts(w io.Writer, format, program string, many, exitCode bool, lines []string, verdicts []netpolicy.Verdict, errs []error) error {
+	failed, denied := 0, false
+	var out []verdictJSON
+	for i, v := range verdicts {
+		if errs[i] != nil {
+			failed++
+			if format != "" {
+				out = append(out, verdictJSON{Query: lines[i], Verdict: "ERROR", Error: errs[i].Error()})
+			} else {
+				fmt.Fprintf(w, "ERROR %s: %v\n", lines[i], errs[i])
+			}
+			continue
+		}
+		denied = denied || !v.Result.Allow
+		if format != "" {
+			j := toJSON(v)
+			j.Program = program
+			out = append(out, j)
+		} else {
+			fmt.Fprintln(w, v)
+		}
+	}
+	if format != "" {
+		var doc any = out
+		if !many {
+			doc = out[0]
+		}
+		if err := printAs(w, format, doc); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !many && failed > 0:
+		return errs[0]
+	case failed > 0:
+		return fmt.Errorf("%d of %d queries failed", failed, len(verdicts))
+	case exitCode && denied:
+		return silentExit{exitFailed}
+	}
+	return nil
+}
+
+// judge answers the queries (errs: those that did not parse, skipped) from
+// the agent's loaded program when the agent runs on the maps of this
+// --bpf-root, else from a program loaded here. The entries that decided
+// are read from the pinned maps. program is "agent" or "loaded".
+func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netpolicy.Verdict, _ []error, program string, _ error) {
+	verdicts := make([]netpolicy.Verdict, len(queries))
+	agentRoot := agentBPFRoot(o)
+	root := o.bpfRoot
+	if root == "" {
+		root = agentRoot
+	}
+	if root == "" {
+		root = defaultBPFRoot
+	}
+	maps, err := openPolicyMaps(root, true)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	defer closeMaps(maps)
+	// The entries (and the verdict the entries give, a check of the
+	// program's).
+	var valid []int
+	for i, q := range queries {
+		if errs[i] != nil {
+			continue
+		}
+		if verdicts[i], errs[i] = netpolicy.JudgePacket(nil, maps, q); errs[i] == nil {
+			valid = append(valid, i)
+		}
+	}
+	if len(valid) == 0 {
+		return verdicts, errs, "", nil
+	}
+	var results []bpf.PolicyResult
+	program = "agent"
+	if agentRoot != "" && filepath.Clean(agentRoot) == filepath.Clean(root) {
+		results, err = agentVerdicts(o, queries, valid)
+	}
+	if results == nil && (agentRoot == "" || errors.Is(err, errNoAgentProgram) || err == nil) {
+		program = "loaded"
+		results, err = loadedVerdicts(root, maps, queries, valid)
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	for j, i := range valid {
+		model := verdicts[i].Result
+		verdicts[i].Result = results[j]
+		if e := verdicts[i].Entry; e != nil && (results[j].Allow != model.Allow || results[j].PortEntry != model.PortEntry) {
+			errs[i] = fmt.Errorf("%s: the program says %+v, the pod's longest matching key %s says port entry %d: the map changed during the run?",
+				queries[i], results[j], e, model.PortEntry)
+		}
+	}
+	return verdicts, errs, program, nil
+}
+
+// errNoAgentProgram: the agent has no verdict API (an older agent) or no
+// program to run; the program is loaded here instead.
+var errNoAgentProgram = errors.New("the agent runs no verdict program")
+
+func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, error) {
+	req := enforce.VerdictRequest{Queries: make([]enforce.VerdictQuery, len(valid))}
+	for j, i := range valid {
+		q := queries[i]
+		req.Queries[j] = enforce.VerdictQuery{Direction: q.Direction.String(), Pod: q.Pod, Peer: q.Peer, Protocol: q.Protocol, Port: q.Port}
+	}
+	var answer enforce.VerdictAnswer
+	code, err := ipamapi.NewClient(o.socket(), time.Minute).Do(http.MethodPost, enforce.VerdictPath, req, &answer)
+	var notRunning *ipamapi.NotRunningError
+	switch {
+	case errors.As(err, &notRunning), code == http.StatusNotFound, code == http.StatusMethodNotAllowed, code == http.StatusServiceUnavailable:
+		return nil, fmt.Errorf("%w: %v", errNoAgentProgram, err)
+	case err != nil:
+		return nil, err
+	case len(answer.Results) != len(valid):
+		return nil, fmt.Errorf("the agent answered %d verdicts to %d queries", len(answer.Results), len(valid))
+	}
+	out := make([]bpf.PolicyResult, len(valid))
+	for j, r := range answer.Results {
+		out[j] = bpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, PortEntry: r.PortEntry}
+	}
+	return out, nil
+}
+
+// loadedVerdicts loads the verdict program on the pinned maps (through the
+// verifier) and runs it on the queries.
+func loadedVerdicts(root string, readOnly map[string]*ebpf.Map, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, error) {
+	maps, err := openPolicyMaps(root, false)
+	if err != nil {
+		return nil, err
+	}
+	defer closeMaps(maps)
+	// The node's enforcing mode, so that the verdict is the kernel's; the
+	// tracked connections are not used: a verdict is the policy's for a
+	// new connection.
+	withMode := stdmaps.Clone(maps)
+	mode := filepath.Join(bpf.GlobalsDir(root), bpf.PolicyModeMapName)
+	if m, err := ebpf.LoadPinnedMap(mode, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
+		defer m.Close()
+		withMode[bpf.PolicyModeMapName] = m
+	}
+	prog, err := bpf.LoadPolicyProgram(withMode)
+	if err != nil {
+		return nil, err
+	}
+	defer prog.Close()
+	out := make([]bpf.PolicyResult, len(valid))
+	for j, i := range valid {
+		v, err := netpolicy.JudgePacket(prog, readOnly, queries[i])
+		if err != nil {
+			return nil, err
+		}
+		out[j] = v.Result
+	}
+	return out, nil
+}
