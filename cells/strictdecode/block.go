@@ -1,19 +1,16 @@
 package strictdecode
 
 import (
-	"bytes"
-	"regexp"
 	"strconv"
 	"strings"
 )
 
-// blockToJSON is the JSON of data when data is YAML in the plain block
-// style that kubectl prints (mappings and sequences by indentation, plain
-// or double-quoted scalars without escapes, no comments, anchors, tags or
-// flow collections, each key once), read as sigs.k8s.io/yaml reads it; ok
-// is false for anything else, which the YAML library then reads. A large
-// PolicyEndpoint decodes several times faster this way. FuzzBlockToJSON
-// holds it to the library.
+// blockToJSON is the block reader: the JSON of data when data is a block
+// mapping in the rule set (the style kubectl prints: mappings and
+// sequences by indentation, each key once), as sigs.k8s.io/yaml reads it;
+// ok is false for anything else, which the YAML library then reads. A
+// large PolicyEndpoint decodes several times faster this way.
+// FuzzBlockToJSON holds it to the library.
 func blockToJSON(data []byte) (js []byte, ok bool) {
 	lines, ok := blockLines(data)
 	if !ok || len(lines) == 0 || lines[0].indent != 0 {
@@ -24,37 +21,6 @@ func blockToJSON(data []byte) (js []byte, ok bool) {
 		return nil, false
 	}
 	return b.out, true
-}
-
-// blockLine is a line with its indentation and the text after it.
-type blockLine struct {
-	indent int
-	text   string
-}
-
-// blockLines splits data into its non-blank lines; ok is false for bytes
-// or constructs the block reader does not take.
-func blockLines(data []byte) ([]blockLine, bool) {
-	var lines []blockLine
-	for len(data) > 0 {
-		line, rest, _ := bytes.Cut(data, []byte("\n"))
-		data = rest
-		for _, c := range line {
-			if c < ' ' || c > '~' {
-				return nil, false // tabs, CRs, control or non-ASCII bytes
-			}
-		}
-		text := strings.TrimRight(string(line), " ")
-		trimmed := strings.TrimLeft(text, " ")
-		if trimmed == "" {
-			continue
-		}
-		if strings.ContainsAny(trimmed, "#&*!|>'{}[]%@`\\") || strings.HasPrefix(trimmed, "---") || strings.HasPrefix(trimmed, "...") {
-			return nil, false
-		}
-		lines = append(lines, blockLine{indent: len(text) - len(trimmed), text: trimmed})
-	}
-	return lines, true
 }
 
 type blockParser struct {
@@ -108,8 +74,6 @@ func (b *blockParser) value(inline string, indent int) bool {
 	return true
 }
 
-func isItem(text string) bool { return text == "-" || strings.HasPrefix(text, "- ") }
-
 // sequence reads the block sequence whose dashes are at indent.
 func (b *blockParser) sequence(indent int) bool {
 	b.out = append(b.out, '[')
@@ -142,57 +106,12 @@ func (b *blockParser) sequence(indent int) bool {
 	return true
 }
 
-// splitKey splits "key: value" or "key:"; the key is a plain scalar.
-func splitKey(text string) (key, value string, ok bool) {
-	if k, ok := strings.CutSuffix(text, ":"); ok && !strings.Contains(k, ": ") {
-		key, value = k, ""
-	} else if k, v, ok := strings.Cut(text, ": "); ok {
-		key, value = k, strings.TrimLeft(v, " ")
-	} else {
-		return "", "", false
-	}
-	if len(key) > 1000 {
-		return "", "", false // YAML's implicit keys are at most 1024 characters
-	}
-	if !(plainWord.MatchString(key) && !yamlWords[strings.ToLower(key)]) && !isAddress(key) && !plainInt.MatchString(key) {
-		return "", "", false
-	}
-	return key, value, true
-}
-
-var (
-	// Plain scalars read as strings: a letter first, or a CIDR or an
-	// address (a digit first, several dots, or a slash or a colon),
-	// which no YAML resolver reads as a number.
-	plainWord    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_./-]*$`)
-	plainAddress = regexp.MustCompile(`^[0-9]+(\.[0-9]+){2,}(/[0-9]+)?$|^[0-9a-fA-F]*:[0-9a-fA-F]*:[0-9a-fA-F:.]*(/[0-9]+)?$`)
-	plainInt     = regexp.MustCompile(`^(0|[1-9][0-9]{0,14})$`)
-	yamlWords    = map[string]bool{"true": true, "false": true, "yes": true, "no": true, "on": true, "off": true,
-		"y": true, "n": true, "null": true, "nan": true, "inf": true}
-)
-
-// scalar appends the JSON of a plain or double-quoted scalar.
+// scalar appends the JSON of a scalar of the rule set.
 func (b *blockParser) scalar(s string) bool {
-	switch {
-	case strings.HasPrefix(s, `"`):
-		if len(s) < 2 || !strings.HasSuffix(s, `"`) || strings.Contains(s[1:len(s)-1], `"`) {
-			return false
-		}
-		b.out = strconv.AppendQuote(b.out, s[1:len(s)-1])
-	case plainInt.MatchString(s):
-		b.out = append(b.out, s...)
-	case plainWord.MatchString(s) && !yamlWords[strings.ToLower(s)]:
-		b.out = strconv.AppendQuote(b.out, s)
-	case isAddress(s):
-		b.out = strconv.AppendQuote(b.out, s)
-	default:
+	k := scalar(s)
+	if k == notScalar {
 		return false
 	}
+	b.out = appendScalar(b.out, s, k)
 	return true
-}
-
-// isAddress says whether s is a plain CIDR or address scalar: YAML reads a
-// colon first or last as an indicator, not as text.
-func isAddress(s string) bool {
-	return plainAddress.MatchString(s) && !strings.HasPrefix(s, ":") && !strings.HasSuffix(s, ":")
 }

@@ -15,6 +15,8 @@ var blockSeeds = []string{
 	"a: yes\n", "a: y\n", "a: 012\n", "a: 0x12\n", "a: 1e3\n", "a: 1.5\n", "a: 12:30\n", "a: 1:2:3\n",
 	"a: b: c\n", "a: 1\na: 2\n", "a: foo\n  bar\n", "- a\n- b\n", "a:\n-\n", "a: ~\n", "a: \"x\"y\"\n",
 	"1: x\n", "true: x\n", "a.b/c: d\n", "a:\n b: 1\n c:\n - d\n - e: f\n   g: h\n",
+	"# head\na:\n  # inside\n  b: true\n  c: false\n# between\nd: []\ne: {}\nf: 1m30s\ng: 0/0\n", "a: True\n", "a: [ ]\n",
+	"a:\n- []\n- {}\n", "a: b []\n", "a: 1.5h\n", "a: \"#x\"\n", "a:\n  - b\n  # c\n  - d\n", "a: b\n  # c\n  d\n",
 }
 
 func TestBlockToJSONMatchesTheLibrary(t *testing.T) {

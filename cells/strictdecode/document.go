@@ -8,34 +8,92 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 
 	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 )
 
-// ToJSON is the JSON of data's one YAML or JSON document (a trailing "---"
-// with nothing after it, or a comment, is no document), as the API server
-// reads YAML (sigs.k8s.io/yaml). A key given twice is an error naming it
-// and its line.
-func ToJSON(data []byte) ([]byte, error) {
-	if err := OneDocument(data); err != nil {
+// ToJSON is the JSON of data's one YAML or JSON document, as the API
+// server reads YAML (sigs.k8s.io/yaml): the block reader's when it takes
+// data, else the library's. Documents that hold nothing (blanks, comments)
+// do not count; two that hold something are an error naming the line of
+// the second, and so is a key given twice (naming it and its line).
+func ToJSON(data []byte) ([]byte, error) { return toJSON(data, true) }
+
+// toJSON is ToJSON, by the block reader when fast.
+func toJSON(data []byte, fast bool) ([]byte, error) {
+	docs, err := Documents(data)
+	if err != nil {
 		return nil, err
 	}
-	if js, ok := blockToJSON(data); ok {
-		return js, nil
+	var doc []byte
+	for _, d := range docs {
+		switch {
+		case d.Empty():
+		case doc != nil:
+			return nil, fmt.Errorf("a second document at line %d: a file holds one document", d.Line)
+		default:
+			doc = d.Data
+		}
 	}
-	js, err := yaml.YAMLToJSONStrict(data)
+	if fast {
+		if js, ok := blockToJSON(doc); ok {
+			return js, nil
+		}
+	}
+	if !oneValue(doc) {
+		// The library reads the first value and drops the rest.
+		if err := parsedOneDocument(doc); err != nil {
+			return nil, err
+		}
+	}
+	js, err := yaml.YAMLToJSONStrict(doc)
 	if err != nil {
 		// Name the fault from the document itself, not from the error's
-		// text: a key given twice, found by walking the parsed nodes; else
-		// the parser's own error.
-		if dup := duplicateKey(data); dup != nil {
+		// text: a key given twice, found by walking the parsed nodes; a
+		// value after the first; else the parser's own error.
+		if dup := duplicateKey(doc); dup != nil {
 			return nil, dup
+		}
+		if more := parsedOneDocument(doc); more != nil {
+			return nil, more
 		}
 		return nil, err
 	}
 	return js, nil
+}
+
+// oneValue says, without parsing it as YAML, that doc holds one value: no
+// document end marker ("..."), and if it is flow (JSON), nothing but
+// white space after its value. Else the YAML parser says.
+func oneValue(doc []byte) bool {
+	if bytes.HasPrefix(doc, []byte("...")) || bytes.Contains(doc, []byte("\n...")) {
+		return false
+	}
+	text := bytes.TrimLeft(significant(doc), " \t\r\n")
+	if len(text) == 0 || (text[0] != '{' && text[0] != '[') {
+		return true
+	}
+	dec := json.NewDecoder(bytes.NewReader(text))
+	var v json.RawMessage
+	if dec.Decode(&v) != nil {
+		return false // flow YAML, or broken
+	}
+	return len(bytes.TrimSpace(text[dec.InputOffset():])) == 0
+}
+
+// significant is data from the start of its first line that is not blank
+// or a comment (a byte order mark dropped).
+func significant(data []byte) []byte {
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
+	for len(data) > 0 {
+		line, rest, _ := bytes.Cut(data, []byte("\n"))
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			return data
+		}
+		data = rest
+	}
+	return nil
 }
 
 // duplicateKey returns an error naming the first key given twice in a
@@ -91,23 +149,9 @@ func where(path string) string {
 	return " (in " + path + ")"
 }
 
-// OneDocument says why data does not hold exactly one YAML document, or nil.
-// Input the YAML parser refuses is left to the caller's decoder, whose error
-// names the fault.
-//
-// The YAML parser runs only where more than one document can be: JSON with
-// something after its value, or YAML with a document marker ("---", "...")
-// after its first line. Block YAML without one is a single document, and
-// JSON is checked by the JSON scanner (a large PolicyEndpoint would
-// otherwise be parsed twice).
-func OneDocument(data []byte) error {
-	if singleByLook(data) {
-		return nil
-	}
-	return parsedOneDocument(data)
-}
-
-// parsedOneDocument is OneDocument by the YAML parser.
+// parsedOneDocument says why the YAML parser reads more than one document,
+// or a value after the first, in data; nil also for input it refuses,
+// which the caller's decoder names.
 func parsedOneDocument(data []byte) error {
 	dec := yamlv3.NewDecoder(bytes.NewReader(data))
 	var first yamlv3.Node
@@ -126,57 +170,6 @@ func parsedOneDocument(data []byte) error {
 			return fmt.Errorf("a second document at line %d: a file holds one document", next.Line)
 		}
 	}
-}
-
-// singleByLook says whether data is one document without parsing it as
-// YAML: JSON with nothing but white space after its value, or a block
-// mapping (its first significant line a plain key at column 0 and a colon) with no
-// document marker line after that line.
-func singleByLook(data []byte) bool {
-	if bytes.Count(data, []byte("\r")) != bytes.Count(data, []byte("\r\n")) {
-		return false // a lone CR breaks lines for YAML, not here
-	}
-	text := significant(data)
-	if len(text) == 0 {
-		return true
-	}
-	if flow := bytes.TrimLeft(text, " \t"); flow[0] == '{' || flow[0] == '[' {
-		dec := json.NewDecoder(bytes.NewReader(flow))
-		var v json.RawMessage
-		if dec.Decode(&v) != nil {
-			return false // flow YAML, or broken: the YAML parser says
-		}
-		return len(bytes.TrimSpace(flow[dec.InputOffset():])) == 0
-	}
-	first, rest, _ := bytes.Cut(text, []byte("\n"))
-	if !blockKey.Match(first) {
-		return false // not a block mapping: a scalar, an indicator, a marker
-	}
-	for len(rest) > 0 {
-		var line []byte
-		line, rest, _ = bytes.Cut(rest, []byte("\n"))
-		if bytes.HasPrefix(line, []byte("---")) || bytes.HasPrefix(line, []byte("...")) {
-			return false
-		}
-	}
-	return true
-}
-
-// blockKey is the first line of a block mapping: a plain key, a colon.
-var blockKey = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.\-/ ]*:(\s|$)`)
-
-// significant is data from the start of its first line that is not blank
-// or a comment (a byte order mark dropped).
-func significant(data []byte) []byte {
-	data = bytes.TrimPrefix(data, []byte("\ufeff"))
-	for len(data) > 0 {
-		line, rest, _ := bytes.Cut(data, []byte("\n"))
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
-			return data
-		}
-		data = rest
-	}
-	return nil
 }
 
 // empty says whether a document holds nothing (a "---" followed by nothing
