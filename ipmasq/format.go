@@ -1,9 +1,7 @@
 package ipmasq
 
 import (
-	"encoding/json"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,7 +9,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq/cells/errtext"
 	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/cells/strictdecode"
 )
@@ -33,9 +30,6 @@ type File struct {
 	ResyncInterval string `json:"resyncInterval,omitempty"`
 	CIDRLimit      *int   `json:"cidrLimit,omitempty"`
 }
-
-// fileFields are the known fields, for the unknown-field error.
-var fileFields = []string{"nonMasqueradeCIDRs", "masqLinkLocal", "masqLinkLocalIPv6", "resyncInterval", "cidrLimit"}
 
 // MinResyncInterval bounds the file's resyncInterval: a re-read costs a
 // file read and a parse.
@@ -95,71 +89,35 @@ func Parse(path string, data []byte) (Desired, error) {
 // names match regardless of case, as Cilium's and kubernetes-sigs'
 // encoding/json decoding does (a file they accept stays valid), with a
 // warning naming the field's spelling; a field given twice is an error.
+// The common form takes strictdecode's fast reader.
 func decode(data []byte) (File, []string, error) {
-	if f, ok := decodeFast(data); ok {
-		return f, nil, nil
-	}
-	return decodeFull(data)
-}
-
-// decodeFull is decode by the strict decoder, for any input.
-func decodeFull(data []byte) (File, []string, error) {
-	js, err := strictdecode.ToJSON(data)
-	if err != nil {
-		return File{}, nil, fmt.Errorf("%w: %w", strictdecode.ErrSyntax, err)
-	}
-	js, warnings, err := foldFieldNames(js)
-	if err != nil {
-		return File{}, nil, err
-	}
 	var f File
-	if errs := fileDecoder.Fields(nil, js, &f); len(errs) > 0 {
-		return File{}, nil, strictdecode.Format(errs)
-	}
-	return f, warnings, nil
+	warnings, err := fileDecoder.DecodeDocument(data, &f)
+	return f, warnings, err
 }
 
-// fileDecoder decodes the file strictly; the errors of a value of the wrong
-// type say what its fields hold.
-var fileDecoder = strictdecode.Decoder{Holds: map[string]string{
+// decodeFast is decode by strictdecode's fast readers alone; false when
+// they decline.
+func decodeFast(data []byte) (File, bool) {
+	var f File
+	return f, fileDecoder.DecodeFast(data, &f)
+}
+
+// decodeFull is decode by the YAML library alone, for any input: what the
+// fast readers are held to.
+func decodeFull(data []byte) (File, []string, error) {
+	var f File
+	warnings, err := fileDecoder.DecodeLibrary(data, &f)
+	return f, warnings, err
+}
+
+// fileDecoder decodes the file strictly, field names regardless of case;
+// the errors of a value of the wrong type say what its fields hold.
+var fileDecoder = strictdecode.Decoder{FoldCase: true, Holds: map[string]string{
 	"nonMasqueradeCIDRs": "a list of CIDR strings",
 	"resyncInterval":     "a duration string",
 	"cidrLimit":          "a whole number",
 }}
-
-// foldFieldNames renames the top-level fields of js that match a field of
-// File regardless of case to its name, with a warning for each; a field
-// given twice so is an error.
-func foldFieldNames(js []byte) ([]byte, []string, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(js, &fields); err != nil {
-		return nil, nil, fmt.Errorf("want a mapping with the fields %s, got %s", strings.Join(fileFields, ", "), errtext.Value(js))
-	}
-	var warnings []string
-	seen := map[string]string{}
-	folded := make(map[string]json.RawMessage, len(fields))
-	for _, given := range slices.Sorted(maps.Keys(fields)) {
-		name := given
-		for _, known := range fileFields {
-			if strings.EqualFold(given, known) {
-				name = known
-			}
-		}
-		if other, dup := seen[name]; dup {
-			return nil, nil, fmt.Errorf("field %s is given twice (%q and %q)", name, other, given)
-		}
-		seen[name] = given
-		if name != given {
-			warnings = append(warnings, fmt.Sprintf("field %q is read as %s (field names are matched regardless of case, as Cilium does)", given, name))
-		}
-		folded[name] = fields[given]
-	}
-	if len(warnings) == 0 {
-		return js, nil, nil
-	}
-	out, err := json.Marshal(folded)
-	return out, warnings, err
-}
 
 // validate checks every CIDR of a decoded file.
 func validate(f File) (Desired, error) {
