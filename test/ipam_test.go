@@ -83,8 +83,10 @@ func TestPrivilegedIPAMEndToEnd(t *testing.T) {
 	})
 
 	list := a.MustDbg("ipam", "list")
-	if lines := strings.Split(strings.TrimSpace(list), "\n"); len(lines) != 3 ||
-		strings.Join(strings.Fields(lines[0]), " ") != "10.130.100.133 shop/web - eni-0a1b2c3d4e5f00001" {
+	// A header, then a row per allocation.
+	if lines := strings.Split(strings.TrimSpace(list), "\n"); len(lines) != 4 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "IP OWNER ATTACHMENT ENI STATE" ||
+		strings.Join(strings.Fields(lines[1]), " ") != "10.130.100.133 shop/web - eni-0a1b2c3d4e5f00001 Allocated" {
 		t.Errorf("ipam list:\n%s", list)
 	}
 
@@ -95,7 +97,7 @@ func TestPrivilegedIPAMEndToEnd(t *testing.T) {
 	a.WaitHealthy()
 	a.WaitFor("the allocations restored", func() bool {
 		out, _, err := a.Dbg("ipam", "list")
-		return err == nil && strings.Count(out, "\n") == 3 && !strings.Contains(out, "Restored")
+		return err == nil && strings.Count(out, "\n") == 4 && !strings.Contains(out, "Restored")
 	})
 	a.WaitFor("the eni-rules reconciled", func() bool {
 		for _, status := range Column(a.Rows("eni-rules"), "Status") {
@@ -236,7 +238,11 @@ func TestPrivilegedRestartedAgentIsHealthy(t *testing.T) {
 	a.WaitFor("every module OK after the restart", func() bool {
 		health, _, _ = a.Dbg("health")
 		scopes, _, _ = a.Dbg("shell", "--", "health")
-		for _, line := range strings.Split(strings.TrimSpace(health), "\n") {
+		lines := strings.Split(strings.TrimSpace(health), "\n")
+		if len(lines) < 2 || strings.Join(strings.Fields(lines[0]), " ") != "MODULE LEVEL" {
+			return false
+		}
+		for _, line := range lines[1:] { // under the header
 			if f := strings.Fields(line); len(f) < 2 || f[1] != "OK" {
 				return false
 			}
