@@ -42,18 +42,24 @@ func bugtoolCommand(o *options) *cobra.Command {
 			}
 			b := &bugtool{o: o, netns: netns, dir: "enimasq-bugtool-" + stamp, files: map[string][]byte{}}
 			b.collect(logs)
-			if err := b.write(archive); err != nil {
+			report := cmd.OutOrStdout()
+			if archive == "-" {
+				report = cmd.ErrOrStderr()
+				if err := b.writeTo(cmd.OutOrStdout()); err != nil {
+					return err
+				}
+			} else if err := b.write(archive); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (%d files", archive, len(b.order))
+			fmt.Fprintf(report, "wrote %s (%d files", archive, len(b.order))
 			if len(b.errs) > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), ", %d parts missing: see errors.txt", len(b.errs))
+				fmt.Fprintf(report, ", %d parts missing: see errors.txt", len(b.errs))
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), ")")
+			fmt.Fprintln(report, ")")
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&archive, "archive", "", "The archive to write (default ./enimasq-bugtool-<time>.tar.gz)")
+	cmd.Flags().StringVar(&archive, "archive", "", "The archive to write, - for stdout (default ./enimasq-bugtool-<time>.tar.gz)")
 	cmd.Flags().StringArrayVar(&logs, "log-file", nil, "A log file (or glob) of the agent to include; repeatable")
 	cmd.Flags().StringVar(&netns, "netns", "", "The named network namespace of the agent, for the ip rules, routes and links (default: this one)")
 	cmd.Flags().StringVar(&o.bpfRoot, "bpf-root", "", bpfRootUsage)
@@ -186,26 +192,7 @@ func (b *bugtool) write(path string) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	gz := gzip.NewWriter(tmp)
-	tw := tar.NewWriter(gz)
-	now := time.Now()
-	for _, name := range b.order {
-		data := b.files[name]
-		hdr := &tar.Header{Name: b.dir + "/" + name, Mode: 0o600, Size: int64(len(data)), ModTime: now, Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(hdr); err != nil {
-			tmp.Close()
-			return err
-		}
-		if _, err := tw.Write(data); err != nil {
-			tmp.Close()
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := gz.Close(); err != nil {
+	if err := b.writeTo(tmp); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -213,4 +200,25 @@ func (b *bugtool) write(path string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// writeTo writes the archive, gzipped tar, to w.
+func (b *bugtool) writeTo(w io.Writer) error {
+	gz := gzip.NewWriter(w)
+	tw := tar.NewWriter(gz)
+	now := time.Now()
+	for _, name := range b.order {
+		data := b.files[name]
+		hdr := &tar.Header{Name: b.dir + "/" + name, Mode: 0o600, Size: int64(len(data)), ModTime: now, Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return gz.Close()
 }
