@@ -7,6 +7,7 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -94,6 +95,10 @@ type ops struct {
 	usedTC atomic.Bool
 	pruned atomic.Bool
 	tcx    tcxLinks // the tcx links held open (tcx.go)
+	// others are the other writers' programs last found on each hook
+	// (foreign.go), to log them when they change.
+	othersMu sync.Mutex
+	others   map[tcxKey]string
 }
 
 func (o *ops) program(ctx context.Context, h hook) (*ebpf.Program, error) {
@@ -123,16 +128,19 @@ func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision,
 			return fmt.Errorf("bind %s to %s: %w", pod, a.Device, err)
 		}
 	}
+	// Both sides, whatever the first one's error (another writer's
+	// program there): the other side is enforced all the same.
+	var errs []error
 	for _, h := range hooks {
 		prog, err := o.program(ctx, h)
 		if err != nil {
 			return fmt.Errorf("policy programs: %w", err)
 		}
 		if err := o.attach(a, h, prog); err != nil {
-			return fmt.Errorf("attach to the %s of %s (ifindex %d): %w", h.name, a.Device, a.Ifindex, err)
+			errs = append(errs, fmt.Errorf("attach to the %s of %s (ifindex %d): %w", h.name, a.Device, a.Ifindex, err))
 		}
 	}
-	return nil
+	return joinLine(errs...)
 }
 
 func (o *ops) attach(a *Attachment, h hook, prog *ebpf.Program) error {
@@ -174,7 +182,11 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 	if err := netlink.FilterReplace(filter); err != nil {
 		return fmt.Errorf("tc filter replace: %w", err)
 	}
-	return nil
+	others, err := othersOnHook(a.Ifindex, h, 0, nil)
+	if err != nil {
+		return err
+	}
+	return o.othersError(a, h, others)
 }
 
 // Delete takes the programs off the device, then forgets its connections.
@@ -190,6 +202,7 @@ func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a
 	// device is attached); the connections tracked on the device go with
 	// it, but for those of a pod still bound to it.
 	errs = append(errs, o.forgetDevice(a))
+	o.forgetOthers(a.Device)
 	return errors.Join(errs...)
 }
 

@@ -78,7 +78,14 @@ func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
 	if err := useProgram(held.link, prog); err != nil {
 		return err
 	}
-	return errors.Join(o.keepFirst(a, h, prog, held), o.keepPinned(a, h, held, path))
+	errs := []error{o.keepFirst(a, h, prog, held), o.keepPinned(a, h, held, path)}
+	// The other writers' programs behind enimasq's (those that got ahead
+	// are keepFirst's) and their tc filters, which tcx runs before.
+	others, err := othersOnHook(a.Ifindex, h, held.id, held.intruders)
+	if err == nil {
+		err = o.othersError(a, h, others)
+	}
+	return joinLine(append(errs, err)...)
 }
 
 // adoptOrAttach returns the pinned link if it is on the hook (a restart:
