@@ -36,24 +36,26 @@ type otherProgram struct {
 
 // othersOnHook lists the other writers' programs on the device's hook:
 // the tc filters but enimasq's (and but the chain headers the kernel
-// lists with handle 0), and the tcx programs but enimasq's link own (0
-// with the tc fallback, where every tcx program runs first). skip are
-// programs reported already (keepFirst's intruders).
-func othersOnHook(ifindex int, h hook, own link.ID, skip map[ebpf.ProgramID]string) ([]otherProgram, error) {
+// lists with handle 0), and the tcx programs but enimasq's link own (0:
+// the tc fallback, where every tcx program runs first, and enimasq's own
+// is only one an earlier run pinned, pinned). skip are programs reported
+// already (keepFirst's intruders).
+func othersOnHook(ifindex int, h hook, own, pinned link.ID, skip map[ebpf.ProgramID]string) ([]otherProgram, error) {
 	var out []otherProgram
+	tc := own == 0
 	chain, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.tcx})
 	switch {
 	case err == nil:
 		for _, p := range chain.Programs {
-			if id, _ := p.LinkID(); own != 0 && id == own {
+			if id, ok := p.LinkID(); ok && (id == own || id == pinned) && id != 0 {
 				continue
 			}
 			if _, reported := skip[p.ID]; reported {
 				continue
 			}
-			out = append(out, otherProgram{desc: "tcx " + describeProgram(p), first: own == 0})
+			out = append(out, otherProgram{desc: "tcx " + describeProgram(p), first: tc})
 		}
-	case own != 0 || !errors.Is(err, ebpf.ErrNotSupported):
+	case !tc || !errors.Is(err, ebpf.ErrNotSupported):
 		return nil, fmt.Errorf("query the tcx programs: %w", err)
 	}
 	l, err := netlink.LinkByIndex(ifindex)
@@ -73,7 +75,7 @@ func othersOnHook(ifindex int, h hook, own link.ID, skip map[ebpf.ProgramID]stri
 		// tcx programs run before every tc filter; with the tc fallback a
 		// lower priority number runs first (same priority: unknown, so
 		// taken as first).
-		out = append(out, otherProgram{desc: describeFilter(f), first: own == 0 && a.Priority <= tcPriority})
+		out = append(out, otherProgram{desc: describeFilter(f), first: tc && a.Priority <= tcPriority})
 	}
 	return out, nil
 }
@@ -154,4 +156,19 @@ func joinLine(errs ...error) error {
 		return nil
 	}
 	return fmt.Errorf(strings.Join(format, "; "), args...)
+}
+
+// pinnedLinkID is the ID of the link pinned at path (0: none), an earlier
+// run's tcx link that the tc fallback finds on the device.
+func pinnedLinkID(path string) link.ID {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return 0
+	}
+	return info.ID
 }

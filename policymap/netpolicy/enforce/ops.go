@@ -182,7 +182,7 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 	if err := netlink.FilterReplace(filter); err != nil {
 		return fmt.Errorf("tc filter replace: %w", err)
 	}
-	others, err := othersOnHook(a.Ifindex, h, 0, nil)
+	others, err := othersOnHook(a.Ifindex, h, 0, pinnedLinkID(o.pinPath(a.Device, h)), nil)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
 	errs := []error{o.keepFirst(a, h, prog, held), o.keepPinned(a, h, held, path)}
 	// The other writers' programs behind enimasq's (those that got ahead
 	// are keepFirst's) and their tc filters, which tcx runs before.
-	others, err := othersOnHook(a.Ifindex, h, held.id, held.intruders)
+	others, err := othersOnHook(a.Ifindex, h, held.id, 0, held.intruders)
 	if err == nil {
 		err = o.othersError(a, h, others)
 	}
