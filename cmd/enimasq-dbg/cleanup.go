@@ -1,0 +1,277 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/spf13/cobra"
+	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/ipam/allocator"
+	"github.com/enimasq/enimasq/ipam/datapath"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+)
+
+// cleanupOptions are the flags of enimasq-dbg cleanup.
+type cleanupOptions struct {
+	bpfRoot      string
+	ciliumSocket string
+	keepIPMasq   bool
+	wait         time.Duration
+}
+
+func cleanupCommand(o *options) *cobra.Command {
+	c := &cleanupOptions{}
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything enimasq left on this node (uninstall); refused while an agent runs",
+		Long: `Removes what enimasq-agent leaves on the node after it stops: the tcx
+links of the policy programs pinned in <bpf-root>/enimasq/links (detached
+and unpinned) and the rest of <bpf-root>/enimasq, the tc filters named
+enimasq-policy on every device, the enimasq_* maps pinned in
+<bpf-root>/tc/globals, the ip rules and routes with protocol 237, and the
+IPAM checkpoint in the state dir. Cilium's cilium_ipmasq_v4/v6 pins go
+too, unless Cilium runs (its agent answers on --cilium-socket, a
+cilium-agent process runs, or a loaded program uses the map): then they
+are Cilium's and stay. Nothing of another writer is touched (rules and
+routes of other protocols, other filters, the clsact qdiscs).
+
+It runs in the node's network namespace (hostNetwork) with the node's
+bpffs and the agent's state dir. It takes the agent's locks first, and
+refuses while an agent holds them (--wait waits for it to stop). It is
+idempotent: a second run finds nothing and succeeds.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runCleanup(cmd.OutOrStdout(), o.stateDir, c)
+		},
+	}
+	cmd.Flags().StringVar(&c.bpfRoot, "bpf-root", "/sys/fs/bpf", "The agent's bpffs mount point (its --bpf-root)")
+	cmd.Flags().StringVar(&c.ciliumSocket, "cilium-socket", "/var/run/cilium/cilium.sock", "Cilium agent's API socket: while it answers, Cilium's cilium_ipmasq_* pins stay")
+	cmd.Flags().BoolVar(&c.keepIPMasq, "keep-cilium-ipmasq-maps", false, "Keep the cilium_ipmasq_v4/v6 pins even when no Cilium runs")
+	cmd.Flags().DurationVar(&c.wait, "wait", 0, "Wait up to this long for a running agent to stop (0: refuse at once)")
+	return cmd
+}
+
+func runCleanup(w io.Writer, stateDir string, c *cleanupOptions) error {
+	lock, err := holdNode(stateDir, c.wait)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+
+	var removed, notes []string
+	var errs []error
+	add := func(what []string, err error) {
+		removed = append(removed, what...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	add(enforce.Uninstall(filepath.Join(c.bpfRoot, "enimasq", "links")))
+	add(removeTree(filepath.Join(c.bpfRoot, "enimasq")))
+	globals := bpf.GlobalsDir(c.bpfRoot)
+	add(removePins(globals, func(name string) bool { return strings.HasPrefix(name, "enimasq_") }))
+	ipmasq := []string{bpf.IPMasqV4MapName, bpf.IPMasqV6MapName}
+	switch cilium := ciliumRunning(c.ciliumSocket, globals, ipmasq); {
+	case !anyPinned(globals, ipmasq):
+	case c.keepIPMasq:
+		notes = append(notes, "kept the cilium_ipmasq_v4/v6 pins in "+globals+": --keep-cilium-ipmasq-maps")
+	case cilium != "":
+		notes = append(notes, fmt.Sprintf("kept the cilium_ipmasq_v4/v6 pins in %s: Cilium runs (%s), the maps are its own", globals, cilium))
+	default:
+		add(removePins(globals, func(name string) bool { return slices.Contains(ipmasq, name) }))
+		notes = append(notes, "removed the cilium_ipmasq_v4/v6 pins: no Cilium runs (no agent answers on "+c.ciliumSocket+
+			", no cilium-agent process, no loaded program uses the maps)")
+	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("netlink: %w", err))
+	} else {
+		add(datapath.Uninstall(nl))
+		nl.Close()
+	}
+	add(removeState(stateDir))
+
+	for _, r := range removed {
+		fmt.Fprintln(w, "removed", r)
+	}
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+	if len(removed) == 0 && len(errs) == 0 {
+		fmt.Fprintln(w, "nothing of enimasq's is left on this node")
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleanup incomplete (run it again): %w", err)
+	}
+	return nil
+}
+
+// holdNode takes the agent's locks, waiting up to wait for an agent that
+// holds them to stop.
+func holdNode(stateDir string, wait time.Duration) (interface{ Close() error }, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		lock, err := infra.HoldNode(stateDir)
+		if err == nil {
+			return lock, nil
+		}
+		if !errors.Is(err, infra.ErrAlreadyRunning) {
+			return nil, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("refused: an agent holds the node, stop it first (delete the DaemonSet, or wait with --wait): %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// removeTree removes dir and everything in it (pins in bpffs), listing
+// each file removed.
+func removeTree(dir string) ([]string, error) {
+	var removed []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			removed = append(removed, "pin "+path)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return removed, nil
+}
+
+// removePins removes the pins in dir whose name match says so.
+func removePins(dir string, match func(string) bool) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !match(e.Name()) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, "pin "+path)
+	}
+	return removed, errors.Join(errs...)
+}
+
+func anyPinned(dir string, names []string) bool {
+	return slices.ContainsFunc(names, func(n string) bool {
+		_, err := os.Stat(filepath.Join(dir, n))
+		return err == nil
+	})
+}
+
+// ciliumRunning says how a running Cilium was found ("" if none): its
+// agent answers on its socket, a cilium-agent process runs (in the
+// caller's PID namespace), or a loaded program (Cilium's datapath, which
+// outlives its agent) uses one of the maps pinned in dir.
+func ciliumRunning(socket, dir string, maps []string) string {
+	if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
+		c.Close()
+		return "its agent answers on " + socket
+	}
+	if procs, err := os.ReadDir("/proc"); err == nil {
+		for _, p := range procs {
+			if _, err := strconv.Atoi(p.Name()); err != nil {
+				continue
+			}
+			if comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "cilium-agent" {
+				return "process cilium-agent, pid " + p.Name()
+			}
+		}
+	}
+	ids := map[ebpf.MapID]string{}
+	for _, name := range maps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			continue
+		}
+		if info, err := m.Info(); err == nil {
+			if id, ok := info.ID(); ok {
+				ids[id] = name
+			}
+		}
+		m.Close()
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	for id, err := ebpf.ProgramGetNextID(0); err == nil; id, err = ebpf.ProgramGetNextID(id) {
+		prog, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			continue
+		}
+		used, _ := info.MapIDs()
+		for _, m := range used {
+			if name, ok := ids[m]; ok {
+				return fmt.Sprintf("program %d %q uses %s", id, info.Name, name)
+			}
+		}
+	}
+	return ""
+}
+
+// removeState removes the IPAM checkpoint (and a crashed write's
+// temporary files) and the agent's sockets left in the state dir. The
+// lock file stays: it is held while this runs.
+func removeState(stateDir string) ([]string, error) {
+	entries, err := os.ReadDir(stateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		checkpoint := name == allocator.CheckpointFile || strings.HasPrefix(name, "."+allocator.CheckpointFile+".tmp-")
+		socket := e.Type()&fs.ModeSocket != 0 && (name == "enimasq.sock" || name == "shell.sock")
+		if !checkpoint && !socket {
+			continue
+		}
+		path := filepath.Join(stateDir, name)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		if checkpoint {
+			removed = append(removed, "IPAM checkpoint "+path)
+		} else {
+			removed = append(removed, "socket "+path)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
