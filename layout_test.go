@@ -24,17 +24,22 @@ var (
 	// none of the others.
 	ipamParts     = []string{"ipam/allocator", "ipam/podset", "ipam/datapath"}
 	ipamTablePkgs = []string{"ipam/ciliumnode", "ipam/allocations"}
-	rowTypes      = map[string]map[string]bool{
+	// netpolicyTablePkgs are the table packages of network policy
+	// (policy-endpoints); every other package under policymap/netpolicy
+	// is a part (source, compile, enforce) or a library (inspect), and
+	// imports of policymap/netpolicy only these.
+	netpolicyTablePkgs = []string{"policymap/netpolicy/endpoints"}
+	rowTypes           = map[string]map[string]bool{
 		"ipmasq": {"CIDR": true}, // the ip-masq-agent-cidrs row
 	}
 )
 
-// TestFeaturesMeetThroughTables: a feature package (its non-test files)
-// imports another feature only for the row type of a table it reads, so
-// features meet through tables; the network-policy package does not import
-// ipam (the node's addresses come from node-ips).
+// TestFeaturesMeetThroughTables: a feature package and its parts (their
+// non-test files) import another feature only for the row type of a table
+// they read, so features meet through tables; network policy does not
+// import ipam (the node's addresses come from node-ips).
 func TestFeaturesMeetThroughTables(t *testing.T) {
-	for _, dir := range features {
+	for _, dir := range featureDirs(t) {
 		for _, file := range goFiles(t, filepath.Join(".", dir)) {
 			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
 			if err != nil {
@@ -44,7 +49,7 @@ func TestFeaturesMeetThroughTables(t *testing.T) {
 			for _, imp := range f.Imports {
 				path, _ := strconv.Unquote(imp.Path.Value)
 				other, ok := strings.CutPrefix(path, module)
-				if !ok || other == dir || !isFeature(other) {
+				if !ok || featureOf(other) == "" || featureOf(other) == featureOf(dir) {
 					continue
 				}
 				if rowTypes[other] == nil {
@@ -71,13 +76,42 @@ func TestFeaturesMeetThroughTables(t *testing.T) {
 	}
 }
 
-func isFeature(dir string) bool {
+// featureOf is the feature a package directory belongs to: the feature
+// itself or one of its parts ("" for none).
+func featureOf(dir string) string {
 	for _, f := range features {
-		if f == dir {
-			return true
+		if dir == f || strings.HasPrefix(dir, f+"/") {
+			return f
 		}
 	}
-	return false
+	return ""
+}
+
+// featureDirs are the feature packages and the packages under them (their
+// parts), but for packages for tests (fakes and test helpers).
+func featureDirs(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, f := range features {
+		err := filepath.WalkDir(f, func(path string, d os.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case !d.IsDir():
+				return nil
+			case d.Name() == "testdata":
+				return filepath.SkipDir
+			}
+			if path == f || !strings.Contains(d.Name(), "fake") && !strings.HasSuffix(d.Name(), "test") {
+				out = append(out, filepath.ToSlash(path))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 func goFiles(t *testing.T, dir string) []string {
@@ -145,6 +179,58 @@ func TestIPAMPartsMeetThroughTables(t *testing.T) {
 				path, _ := strconv.Unquote(imp.Path.Value)
 				if forbidden[path] && path != module+dir {
 					t.Errorf("%s imports %s: ipam's parts meet through tables", file, path)
+				}
+			}
+		}
+	}
+}
+
+// TestNetworkPolicyPartsMeetThroughTables: no package under
+// policymap/netpolicy (its non-test files) imports policymap/netpolicy or
+// another package under it but a table package (endpoints, the row type of
+// policy-endpoints), and a table package imports none of them: the source,
+// the compiler and enforcement meet through tables, and only the composing
+// cell (policymap/netpolicy) imports them all. Every directory under it is
+// checked, so a new part is held to it too.
+func TestNetworkPolicyPartsMeetThroughTables(t *testing.T) {
+	const root = "policymap/netpolicy"
+	tables := map[string]bool{}
+	for _, p := range netpolicyTablePkgs {
+		tables[module+p] = true
+	}
+	var dirs []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case !d.IsDir() || path == root:
+			return nil
+		case d.Name() == "testdata":
+			return filepath.SkipDir
+		}
+		dirs = append(dirs, path)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 4 {
+		t.Fatalf("%d packages under %s: %v", len(dirs), root, dirs)
+	}
+	for _, dir := range dirs {
+		self := module + filepath.ToSlash(dir)
+		for _, file := range goFiles(t, dir) {
+			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				if path == self || path != module+root && !strings.HasPrefix(path, module+root+"/") {
+					continue
+				}
+				if !tables[path] || tables[self] {
+					t.Errorf("%s imports %s: network policy's parts meet through tables (only %v may be imported)", file, path, netpolicyTablePkgs)
 				}
 			}
 		}

@@ -328,6 +328,12 @@ func (v *PolicyValue) Entries() []PortEntry {
 	return v[:]
 }
 
+// PortKnown reports whether packets of the protocol carry ports the
+// program reads (TCP, UDP, SCTP): Match's portKnown.
+func PortKnown(proto uint32) bool {
+	return proto == ProtocolTCP || proto == ProtocolUDP || proto == ProtocolSCTP
+}
+
 // Match returns the index of the first entry that allows the packet, as
 // the program finds it, or -1 (deny).
 func (v *PolicyValue) Match(proto uint32, port uint16, portKnown bool) int {

@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/policymap/netpolicy"
+	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
 
 const defaultBPFRoot = "/sys/fs/bpf"

@@ -18,7 +18,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-	"github.com/enimasq/enimasq/policymap/netpolicy"
+	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 

@@ -6,10 +6,14 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+	"github.com/enimasq/enimasq/policymap/netpolicy/source"
 )
 
 // PolicyConfig holds the network-policy flags: where the PolicyEndpoint
@@ -50,6 +54,44 @@ func (def PolicyConfig) Flags(flags *pflag.FlagSet) {
 	flags.Duration("network-policy-attach-check-interval", def.AttachCheckInterval, "Check the programs on the pods' devices against the kernel this often (a program detached by hand is put back by then)")
 }
 
+// partSettings are the settings of the parts, from the flags.
+type partSettings struct {
+	cell.Out
+
+	Source  source.Settings
+	Compile compile.Settings
+}
+
+type settingsParams struct {
+	cell.In
+
+	Policy PolicyConfig
+	// Client, when enabled, is the source instead of
+	// --policy-endpoints-path.
+	Client *k8sclient.Client `optional:"true"`
+}
+
+// newPartSettings validates the flags (the source's against the API
+// client) and gives each part its settings. Errors name the flag.
+func newPartSettings(p settingsParams) (partSettings, error) {
+	c := p.Policy
+	if err := c.validate(p.Client != nil && p.Client.IsEnabled()); err != nil {
+		return partSettings{}, err
+	}
+	if err := checkPolicySource(c, p.Client); err != nil {
+		return partSettings{}, err
+	}
+	s := partSettings{
+		Source:  source.Settings{Path: c.PolicyEndpointsPath, Resync: c.PolicyEndpointsResyncInterval},
+		Compile: compile.Settings{MaxEntries: c.PolicyMapMaxEntries},
+	}
+	if !c.EnableNetworkPolicy {
+		s.Source.Off = "--enable-network-policy=false"
+		s.Compile.Off = "network policy is disabled"
+	}
+	return s, nil
+}
+
 // Validate names the flag that is wrong, for the file source.
 func (c PolicyConfig) Validate() error { return c.validate(false) }
 
@@ -77,4 +119,16 @@ func (c PolicyConfig) validate(api bool) error {
 		return fmt.Errorf("--network-policy-enforcing-mode: %w", err)
 	}
 	return nil
+}
+
+// checkPolicySource rejects --policy-endpoints-path together with an
+// enabled API client: the PolicyEndpoints come from one source only.
+func checkPolicySource(cfg PolicyConfig, client *k8sclient.Client) error {
+	if !cfg.EnableNetworkPolicy || client == nil || !client.IsEnabled() || cfg.PolicyEndpointsPath == DefaultPolicyConfig.PolicyEndpointsPath {
+		return nil
+	}
+	return fmt.Errorf("--policy-endpoints-path %s is set and the Kubernetes API server is enabled (%s): "+
+		"the PolicyEndpoints come from one source; drop --policy-endpoints-path to read them from the API server, "+
+		"or run without --k8s-kubeconfig-path outside a pod to read the directory",
+		cfg.PolicyEndpointsPath, client.Source())
 }

@@ -14,12 +14,14 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 
-// EnforceCells put the programs on the pods' devices (package enforce),
+// enforceCells put the programs on the pods' devices (package enforce),
 // fed from policy-endpoints and the policy maps.
-var EnforceCells = cell.Group(
+var enforceCells = cell.Group(
 	cell.ProvidePrivate(newEnforceSettings, selectedPods, kernelPolicyMaps),
 	enforce.Cell,
 )
@@ -57,7 +59,7 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 }
 
 // selectedPods are the pod IPs of policy-endpoints.
-func selectedPods(table statedb.Table[*PolicyEndpoint]) enforce.SelectedPods {
+func selectedPods(table statedb.Table[*endpoints.PolicyEndpoint]) enforce.SelectedPods {
 	return func(txn statedb.ReadTxn) ([]netip.Addr, bool, <-chan struct{}) {
 		if ok, initWatch := table.Initialized(txn); !ok {
 			return nil, false, initWatch
@@ -75,7 +77,7 @@ func selectedPods(table statedb.Table[*PolicyEndpoint]) enforce.SelectedPods {
 }
 
 // kernelPolicyMaps are the policy maps the reconciler writes, once open.
-func kernelPolicyMaps(ops *policymap.Maps[*PolicyMapEntry]) enforce.PolicyMaps {
+func kernelPolicyMaps(ops *policymap.Maps[*compile.PolicyMapEntry]) enforce.PolicyMaps {
 	return func(context.Context) (map[string]*ebpf.Map, error) {
 		maps, ok := bpf.KernelMaps(ops.Opened())
 		if !ok {

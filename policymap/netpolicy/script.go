@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/cilium/hive"
@@ -17,48 +16,14 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
-
-// ParseVerdictQuery parses "direction pod peer protocol [port]", e.g.
-// "egress 10.0.0.5 10.1.2.3 udp 53". The port is required for TCP, UDP and
-// SCTP and refused for other protocols.
-func ParseVerdictQuery(args []string) (VerdictQuery, error) {
-	if len(args) < 4 || len(args) > 5 {
-		return VerdictQuery{}, fmt.Errorf("%q: want \"direction pod peer protocol [port]\"", strings.Join(args, " "))
-	}
-	var q VerdictQuery
-	var err error
-	if q.Direction, err = bpf.ParseDirection(args[0]); err != nil {
-		return q, err
-	}
-	if q.Pod, err = netip.ParseAddr(args[1]); err != nil {
-		return q, fmt.Errorf("pod: %w", err)
-	}
-	if q.Peer, err = netip.ParseAddr(args[2]); err != nil {
-		return q, fmt.Errorf("peer: %w", err)
-	}
-	if q.Protocol, err = bpf.ParseProtocol(args[3]); err != nil {
-		return q, err
-	}
-	switch {
-	case portKnown(q.Protocol) && len(args) != 5:
-		return q, fmt.Errorf("protocol %s needs a port", args[3])
-	case !portKnown(q.Protocol) && len(args) == 5:
-		return q, fmt.Errorf("protocol %s has no ports", args[3])
-	case len(args) == 5:
-		port, err := strconv.ParseUint(args[4], 10, 16)
-		if err != nil || port == 0 {
-			return q, fmt.Errorf("port %q: want 1..65535", args[4])
-		}
-		q.Port = uint16(port)
-	}
-	return q, nil
-}
 
 // policyScriptCommands are the shell and script-test commands of the
 // network-policy maps: they read the kernel maps (not the tables), run the
 // verdict program on them, and inject faults.
-func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsOut {
+func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry]) hive.ScriptCmdsOut {
 	podFlag := func(fs *pflag.FlagSet) { fs.String("pod", "", "Only the entries of this pod IP") }
 	podOf := func(s *script.State) (netip.Addr, error) {
 		v, err := s.Flags.GetString("pod")
@@ -72,7 +37,7 @@ func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsO
 		if err != nil {
 			return "", err
 		}
-		return ListPolicyMaps(ops.Opened(), pod)
+		return inspect.ListPolicyMaps(ops.Opened(), pod)
 	}
 	judge := func(queries [][]string) (string, error) {
 		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
@@ -86,11 +51,11 @@ func policyScriptCommands(ops *policymap.Maps[*PolicyMapEntry]) hive.ScriptCmdsO
 		}
 		var out strings.Builder
 		for _, args := range queries {
-			q, err := ParseVerdictQuery(args)
+			q, err := inspect.ParseVerdictQuery(args)
 			if err != nil {
 				return "", err
 			}
-			v, err := JudgePacket(prog, ops.Opened(), q)
+			v, err := inspect.JudgePacket(prog, ops.Opened(), q)
 			if err != nil {
 				return "", err
 			}

@@ -1,0 +1,145 @@
+package compile
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+// Cell derives policy-map-entries from policy-endpoints and reconciles it
+// into the network-policy maps enimasq_egress_v4/_v6 and
+// enimasq_ingress_v4/_v6. It takes Settings and the policy-endpoints table
+// (package endpoints), and provides policy-map-entries and the maps
+// (*policymap.Maps[*PolicyMapEntry]).
+var Cell = cell.Group(
+	cell.ProvidePrivate(
+		NewPolicyMapEntriesTable,
+		newMaps,
+		newPolicyState,
+		newPolicyMetrics,
+	),
+	cell.Provide(
+		statedb.RWTable[*PolicyMapEntry].ToTable,
+		policymap.TableMetrics[*PolicyMapEntry],
+		(*policyMetrics).collectors,
+	),
+	cell.Invoke(registerPolicyMaps),
+)
+
+func newMaps(p policymap.MapsParams) *policymap.Maps[*PolicyMapEntry] {
+	return policymap.NewMaps[*PolicyMapEntry](p, PolicyMapEntriesTableName)
+}
+
+type policyMapParams struct {
+	cell.In
+
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Node      nodeconfig.Config
+	Config    policymap.Config
+	Settings  Settings
+	DB        *statedb.DB
+	Jobs      job.Group
+	Endpoints statedb.Table[*endpoints.PolicyEndpoint]
+	Entries   statedb.RWTable[*PolicyMapEntry]
+	Reconcile reconciler.Params
+	Ops       *policymap.Maps[*PolicyMapEntry]
+	State     *policyState
+	Metrics   *policyMetrics
+}
+
+// policyState holds what the policy-map reconciler registration made, for
+// the script commands and tests.
+type policyState struct {
+	// reconciler is nil while network policy is disabled.
+	reconciler reconciler.Reconciler[*PolicyMapEntry]
+}
+
+func newPolicyState() *policyState { return &policyState{} }
+
+// policyMapFamilies are the families whose policy maps the node gets.
+func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
+	var out []bpf.Family
+	if node.EnableIPv4 {
+		out = append(out, bpf.IPv4)
+	}
+	if node.EnableIPv6 {
+		out = append(out, bpf.IPv6)
+	}
+	return out
+}
+
+// registerPolicyMaps derives policy-map-entries from policy-endpoints and
+// reconciles it into the policy maps of the node's families. Nothing is
+// registered (no maps are made) while network policy is disabled.
+func registerPolicyMaps(p policyMapParams) error {
+	if p.Settings.Off != "" {
+		return nil
+	}
+
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			for _, f := range policyMapFamilies(p.Node) {
+				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+					if err := p.Ops.Open(p.Log, bpf.PolicyMapSpec(d, f, p.Settings.MaxEntries), p.Node.GlobalsDir()); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			p.Ops.Close()
+			return nil
+		},
+	})
+
+	// The entries are initialized by the deriver once policy-endpoints is
+	// and its objects are compiled: pruning waits for both.
+	wtxn := p.DB.WriteTxn(p.Entries)
+	initDone := p.Entries.RegisterInitializer(wtxn, "derive-policy-map-entries")
+	wtxn.Commit()
+	d := &policyDeriver{
+		metrics:   p.Metrics,
+		log:       p.Log,
+		db:        p.DB,
+		endpoints: p.Endpoints,
+		entries:   p.Entries,
+		node:      p.Node,
+		initDone:  initDone,
+
+		returnMemory:      func() { returnMemory(p.Log) },
+		returnMemoryAfter: defaultReturnMemoryAfter,
+	}
+	p.Jobs.Add(job.OneShot("derive-policy-map-entries", d.run))
+	// The pins are the maps the reconciler writes (policymap.Maps.CheckPins).
+	p.Jobs.Add(job.Timer("check-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
+		p.Config.BPFMapRefreshInterval))
+
+	rec, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "policy-map", p.Entries,
+		(*PolicyMapEntry).Clone, (*PolicyMapEntry).SetStatus, (*PolicyMapEntry).GetStatus, p.Ops.Ops(), p.Ops.Ops())
+	p.State.reconciler = rec
+	return err
+}
+
+// returnMemory gives the pages of freed memory back to the OS and logs the
+// heap before and after.
+func returnMemory(log *slog.Logger) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&after)
+	log.Info("Returned freed memory to the OS after a large policy change",
+		"heap-in-use-mb", after.HeapInuse>>20, "released-mb", (after.HeapReleased-before.HeapReleased)>>20)
+}

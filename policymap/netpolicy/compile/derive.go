@@ -1,0 +1,493 @@
+package compile
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/cells/tablesync"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+const (
+	// chunkEntries is about how many entries the deriver writes in one
+	// transaction before it looks for newer changes: a PolicyEndpoint with
+	// many pods is written in chunks, and a change to another one, which
+	// goes first, waits for one chunk at most. A pod's entries are always
+	// written in one transaction.
+	chunkEntries = 8192
+	// backgroundWeight is the compile work (rules and excepts of the
+	// isolated directions, see selection.weight) above which a selection
+	// is compiled off the derive loop, so that other changes go on while
+	// it compiles. Below, compiling takes at most a few milliseconds.
+	backgroundWeight = 2000
+)
+
+// policyDeriver keeps policy-map-entries equal to the compilation of
+// policy-endpoints. On a change it recompiles only the pod IPs that the
+// changed objects list (before and after the change) and writes only the
+// entries whose bytes differ: an unchanged entry keeps its revision, so the
+// reconciler does nothing for it.
+//
+// Pods whose selections (objects selecting them and node IPs) are equal
+// share one compilation (policyTemplate), stamped per pod IP. The pod IPs
+// of a change are queued as a batch; the newest batch is worked first, in
+// chunks of about chunkEntries entries per transaction, so a small change
+// is not held behind a large one. A selection with more than
+// backgroundWeight rules is compiled in a goroutine; its pods wait, keeping
+// their old entries, while the loop goes on with the others, and are
+// written when it is done.
+type policyDeriver struct {
+	log       *slog.Logger
+	db        *statedb.DB
+	endpoints statedb.Table[*endpoints.PolicyEndpoint]
+	entries   statedb.RWTable[*PolicyMapEntry]
+	node      nodeconfig.Config
+	// initDone marks policy-map-entries initialized; called once
+	// policy-endpoints is initialized and its contents are compiled, so the
+	// reconciler never prunes the maps against a partial desired state.
+	initDone func(statedb.WriteTxn)
+
+	// podsOf holds, per object key, the pod IPs it listed when last seen:
+	// a change or deletion must also recompile the pods it no longer lists.
+	podsOf map[string][]netip.Addr
+	// hosts indexes, per object key, its pods' node IPs by pod IP (for
+	// objects with many pods).
+	hosts map[string]*podHosts
+
+	queue podQueue
+	// templates are the compiled selections, by selection key, kept while
+	// there is work: pods of one selection share them.
+	templates map[string][]*policyTemplate
+	// compiling are the selections being compiled in the background, by
+	// key, with the pods that wait for them.
+	compiling map[string]*backgroundCompile
+	results   chan backgroundResult
+	slots     chan struct{} // background compiles running at once
+	wg        sync.WaitGroup
+
+	// bad holds, per pod IP, its entries that cannot be encoded (for
+	// health).
+	bad map[netip.Addr][]*PolicyMapEntry
+
+	metrics *policyMetrics
+
+	// returnMemory gives freed memory back to the OS once a change of at
+	// least returnMemoryAfter entries is in the kernel (the cell's
+	// returnMemory; nil: never).
+	returnMemory      func()
+	returnMemoryAfter int
+}
+
+// podHosts is the node IPs of an object's pods, by pod IP.
+type podHosts struct {
+	pe    *endpoints.PolicyEndpoint
+	hosts map[netip.Addr]endpoints.PodEndpoint
+}
+
+type backgroundCompile struct {
+	sel     selection
+	waiting map[netip.Addr]struct{}
+	start   time.Time
+}
+
+type backgroundResult struct {
+	key       string
+	templates []*policyTemplate
+}
+
+// podQueue holds the pod IPs to recompile, as batches worked newest first;
+// a pod queued again is worked in its newest batch only.
+type podQueue struct {
+	batches []*podBatch
+	due     map[netip.Addr]uint64 // pod -> the batch it is due in
+	seq     uint64
+}
+
+type podBatch struct {
+	seq  uint64
+	pods []netip.Addr
+}
+
+func (q *podQueue) push(pods []netip.Addr) {
+	if len(pods) == 0 {
+		return
+	}
+	if q.due == nil {
+		q.due = map[netip.Addr]uint64{}
+	}
+	q.seq++
+	for _, p := range pods {
+		q.due[p] = q.seq
+	}
+	q.batches = append(q.batches, &podBatch{seq: q.seq, pods: pods})
+}
+
+func (q *podQueue) pop() (netip.Addr, bool) {
+	for len(q.batches) > 0 {
+		b := q.batches[len(q.batches)-1]
+		if len(b.pods) == 0 {
+			q.batches[len(q.batches)-1] = nil
+			q.batches = q.batches[:len(q.batches)-1]
+			continue
+		}
+		pod := b.pods[0]
+		b.pods = b.pods[1:]
+		if q.due[pod] == b.seq {
+			delete(q.due, pod)
+			return pod, true
+		}
+	}
+	*q = podQueue{seq: q.seq} // a map does not shrink: drop it with the batches
+	return netip.Addr{}, false
+}
+
+func (q *podQueue) empty() bool { return len(q.due) == 0 }
+
+const (
+	// defaultReturnMemoryAfter is the number of entries written in one go
+	// after which the deriver returns freed memory to the OS once the
+	// reconciler has written them (a PolicyEndpoint with 50,000 pods
+	// writes 300,000).
+	defaultReturnMemoryAfter = 100_000
+	// settleCheck is how often the deriver looks whether such a change is
+	// in the kernel (a scan of the table that stops at the first Pending
+	// row).
+	settleCheck = 250 * time.Millisecond
+)
+
+// run follows the changes of policy-endpoints until ctx is done.
+func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
+	wtxn := d.db.WriteTxn(d.endpoints)
+	changes, err := d.endpoints.Changes(wtxn)
+	wtxn.Commit()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", endpoints.PolicyEndpointsTableName, err)
+	}
+	defer changes.Close()
+	d.podsOf = map[string][]netip.Addr{}
+	d.hosts = map[string]*podHosts{}
+	d.templates = map[string][]*policyTemplate{}
+	d.compiling = map[string]*backgroundCompile{}
+	d.results = make(chan backgroundResult)
+	d.slots = make(chan struct{}, 1)
+	d.bad = map[netip.Addr][]*PolicyMapEntry{}
+	defer d.wg.Wait()
+
+	var (
+		pods, written int
+		start         time.Time
+		lastCompiling string
+		settle        <-chan time.Time // armed after a large change
+	)
+	for {
+		// Newer changes first: they become the front batch.
+		affected, watch := d.nextChanges(changes)
+		if len(affected) > 0 {
+			if d.queue.empty() && len(d.compiling) == 0 {
+				start, pods, written = time.Now(), 0, 0
+			}
+			d.queue.push(affected)
+		}
+
+		var initWatch <-chan struct{}
+		if !d.queue.empty() || d.initDone != nil {
+			wtxn := d.db.WriteTxn(d.entries)
+			p, w := d.work(ctx, wtxn)
+			pods, written = pods+p, written+w
+			if d.initDone != nil && d.queue.empty() && len(d.compiling) == 0 {
+				if ok, ch := d.endpoints.Initialized(wtxn); ok {
+					d.initDone(wtxn)
+					d.initDone = nil
+					n := d.entries.NumObjects(wtxn)
+					d.log.Info("Policy map entries initialized", "entries", n)
+					health.OK(fmt.Sprintf("Initialized: %d entries", n))
+				} else {
+					initWatch = ch
+				}
+			}
+			wtxn.Commit()
+		}
+		if !d.queue.empty() {
+			// More to do: look for newer changes, then go on.
+			select {
+			case <-ctx.Done():
+				return nil
+			default:
+				continue
+			}
+		}
+		clear(d.templates) // no work left: their pods are written
+		clear(d.hosts)
+		if c := d.compilingText(); pods > 0 || c != lastCompiling {
+			if pods > 0 && len(d.compiling) == 0 {
+				d.metrics.compiled(time.Since(start))
+			}
+			d.log.Debug("Compiled policy map entries", "pods", pods, "entries-written", written)
+			if d.returnMemory != nil && written >= d.returnMemoryAfter && len(d.compiling) == 0 {
+				settle = time.After(settleCheck)
+			}
+			d.report(health, fmt.Sprintf("%d pod IPs recompiled, %d entries written", pods, written))
+			pods, written, lastCompiling = 0, 0, c
+		}
+
+		select {
+		case <-watch:
+		case <-initWatch:
+		case r := <-d.results:
+			d.finished(r)
+		case <-settle:
+			settle = nil
+			if d.anyPending() {
+				settle = time.After(settleCheck)
+				continue
+			}
+			// A large change, compiled, written and reconciled, leaves
+			// the table's old rows and nodes, the compile's scratch and
+			// the reconciler's batches as garbage: the Go runtime would
+			// keep their pages, up to twice the live heap. Return them.
+			d.returnMemory()
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// anyPending reports whether some entry waits for the reconciler.
+func (d *policyDeriver) anyPending() bool {
+	for e := range d.entries.All(d.db.ReadTxn()) {
+		if e.Status.Kind == reconciler.StatusKindPending {
+			return true
+		}
+	}
+	return false
+}
+
+// nextChanges returns the pod IPs that the changes since the last call
+// list or listed, and a channel closed on the next change. The batch's
+// snapshot of the database is not kept: held while the deriver waits, it
+// would keep every row the reconciler has since replaced.
+func (d *policyDeriver) nextChanges(changes statedb.ChangeIterator[*endpoints.PolicyEndpoint]) ([]netip.Addr, <-chan struct{}) {
+	batch, watch := changes.Next(d.db.ReadTxn())
+	return d.affected(batch), watch
+}
+
+// affected returns the pod IPs that a batch of changes lists or listed.
+func (d *policyDeriver) affected(batch func(func(statedb.Change[*endpoints.PolicyEndpoint], statedb.Revision) bool)) []netip.Addr {
+	affected := map[netip.Addr]struct{}{}
+	for change := range batch {
+		key := change.Object.Key()
+		for _, pod := range d.podsOf[key] {
+			affected[pod] = struct{}{}
+		}
+		delete(d.hosts, key)
+		if change.Deleted {
+			delete(d.podsOf, key)
+			continue
+		}
+		pods := make([]netip.Addr, 0, len(change.Object.Pods))
+		for _, p := range change.Object.Pods {
+			pods = append(pods, p.PodIP)
+			affected[p.PodIP] = struct{}{}
+		}
+		d.podsOf[key] = pods
+	}
+	return sortedAddrs(affected)
+}
+
+// finished takes a background compile's templates and queues its pods.
+func (d *policyDeriver) finished(r backgroundResult) {
+	bc := d.compiling[r.key]
+	delete(d.compiling, r.key)
+	if bc == nil {
+		return
+	}
+	d.log.Debug("Compiled a large selection", "objects", bc.sel.names(), "pods", len(bc.waiting), "duration", time.Since(bc.start))
+	d.templates[r.key] = r.templates
+	d.queue.push(sortedAddrs(bc.waiting))
+}
+
+// work recompiles queued pods in wtxn until about chunkEntries entries are
+// written or none is left. It returns the pods and entries written.
+func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn) (pods, written int) {
+	// The rows before this transaction, read from a snapshot: wtxn holds
+	// the table's lock, so nothing else changes them, and this chunk
+	// writes each pod once.
+	before := d.db.ReadTxn()
+	entries := 0
+	for entries < chunkEntries {
+		pod, ok := d.queue.pop()
+		if !ok {
+			break
+		}
+		var desired []*PolicyMapEntry
+		if d.node.FamilyEnabled(pod) && !pod.Is4In6() {
+			pes := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
+			if sel, ok := selectionOf(pod, pes, d.hostsOf(pod)); ok {
+				key := sel.key()
+				ts, ok := d.templates[key]
+				if !ok {
+					if bc := d.compiling[key]; bc != nil {
+						bc.waiting[pod] = struct{}{}
+						continue
+					}
+					if sel.weight() > backgroundWeight {
+						d.compileInBackground(ctx, key, sel, pod)
+						continue
+					}
+					ts = compileSelection(sel)
+					d.templates[key] = ts
+				}
+				for _, t := range ts {
+					desired = t.stamp(desired, pod)
+				}
+			}
+		}
+		written += syncEntries(wtxn, before, d.entries, pod, desired)
+		entries += len(desired)
+		pods++
+		d.noteBad(pod, desired)
+	}
+	return pods, written
+}
+
+// hostsOf returns the function that finds pod's entry in an object.
+func (d *policyDeriver) hostsOf(pod netip.Addr) func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) {
+	return func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) {
+		if len(pe.Pods) <= 8 {
+			return pe.PodEntry(pod)
+		}
+		h := d.hosts[pe.Key()]
+		if h == nil || h.pe != pe {
+			h = &podHosts{pe: pe, hosts: make(map[netip.Addr]endpoints.PodEndpoint, len(pe.Pods))}
+			for _, p := range pe.Pods {
+				h.hosts[p.PodIP] = p
+			}
+			d.hosts[pe.Key()] = h
+		}
+		e, ok := h.hosts[pod]
+		return e, ok
+	}
+}
+
+// compileInBackground compiles a selection in a goroutine, one at a time;
+// pod waits for it.
+func (d *policyDeriver) compileInBackground(ctx context.Context, key string, sel selection, pod netip.Addr) {
+	d.compiling[key] = &backgroundCompile{sel: sel, waiting: map[netip.Addr]struct{}{pod: {}}, start: time.Now()}
+	d.log.Debug("Compiling a large selection in the background", "objects", sel.names(), "weight", sel.weight())
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		select {
+		case d.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		ts := compileSelection(sel)
+		<-d.slots
+		select {
+		case d.results <- backgroundResult{key: key, templates: ts}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// names are the keys of the selection's objects.
+func (s selection) names() string {
+	var out []string
+	for _, pe := range s.pes {
+		out = append(out, pe.Key())
+	}
+	return strings.Join(out, ",")
+}
+
+// noteBad records the pod's entries that cannot be encoded.
+func (d *policyDeriver) noteBad(pod netip.Addr, desired []*PolicyMapEntry) {
+	var bad []*PolicyMapEntry
+	for _, e := range desired {
+		if e.EncodeError() != "" {
+			bad = append(bad, e)
+		}
+	}
+	if len(bad) == 0 {
+		delete(d.bad, pod)
+		return
+	}
+	d.bad[pod] = bad
+}
+
+// report sets health: Degraded, naming a few, while entries cannot be
+// encoded (they deny: fail closed), OK otherwise; it names the objects
+// compiling in the background.
+func (d *policyDeriver) report(health cell.Health, ok string) {
+	var bad []*PolicyMapEntry
+	for _, es := range d.bad {
+		bad = append(bad, es...)
+	}
+	if n := len(bad); n > 0 {
+		slices.SortFunc(bad, func(a, b *PolicyMapEntry) int {
+			return cmp.Compare(string(policyEntryID(a.Map(), a.Pod, a.Peer())), string(policyEntryID(b.Map(), b.Pod, b.Peer())))
+		})
+		var msgs []string
+		for _, e := range bad[:min(n, 3)] {
+			msgs = append(msgs, fmt.Sprintf("%s %s %s: %s", e.Map(), e.Pod, e.Peer(), e.EncodeError()))
+		}
+		health.Degraded(fmt.Sprintf("%d policy map entries cannot be encoded and deny (fail closed)", n),
+			errors.New(strings.Join(msgs, "; ")))
+		return
+	}
+	if c := d.compilingText(); c != "" {
+		ok += "; " + c
+	}
+	health.OK(ok)
+}
+
+// compilingText names the objects compiling in the background.
+func (d *policyDeriver) compilingText() string {
+	var out []string
+	for _, bc := range d.compiling {
+		out = append(out, fmt.Sprintf("compiling %s (%d rules and excepts) for %d pod IPs", bc.sel.names(), bc.sel.weight(), len(bc.waiting)))
+	}
+	slices.Sort(out)
+	return strings.Join(out, "; ")
+}
+
+// entryRows are the policy-map-entries rows, as the deriver writes them:
+// compared without their status, new and changed ones Pending.
+var entryRows = tablesync.Rows[*PolicyMapEntry, PolicyEntryKey]{
+	Key:    (*PolicyMapEntry).Key,
+	Query:  PolicyEntryIndex.Query,
+	Same:   (*PolicyMapEntry).sameDesired,
+	Insert: func(e *PolicyMapEntry) *PolicyMapEntry { return e.SetStatus(reconciler.StatusPending()) },
+}
+
+// syncEntries makes the pod IP's entries in table equal to desired,
+// writing only what differs; new and changed entries are pending. The
+// existing entries are read in before, a snapshot that wtxn has not
+// changed for this pod: iterating a table in a write transaction freezes
+// its tree, so that every later insert copies each node on its path (for
+// 50,000 pods, 170 MB of copied 256-way nodes).
+func syncEntries(wtxn statedb.WriteTxn, before statedb.ReadTxn, table statedb.RWTable[*PolicyMapEntry], pod netip.Addr, desired []*PolicyMapEntry) int {
+	return entryRows.SyncSubset(wtxn, table, table.Prefix(before, PodEntries(pod)), desired)
+}
+
+func sortedAddrs(set map[netip.Addr]struct{}) []netip.Addr {
+	out := make([]netip.Addr, 0, len(set))
+	for a := range set {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}

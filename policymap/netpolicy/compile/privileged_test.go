@@ -1,0 +1,310 @@
+package compile
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap/netpolicy/inspect"
+)
+
+// TestPrivilegedPolicyProgramMatchesOracle is the property test on the real
+// datapath: random policies go through the table, the compiler and the
+// reconciler into the kernel maps, and the verdict program, run with
+// BPF_PROG_TEST_RUN on random packets, must agree with the direct
+// evaluation of the NetworkPolicy semantics. On a failure the seed and a
+// minimal case (shrunk through the same pipeline) are printed.
+func TestPrivilegedPolicyProgramMatchesOracle(t *testing.T) {
+	celltest.RequireRoot(t)
+	seed := propertySeed(t)
+	scenarios, packets := 400, 40
+	if testing.Short() {
+		scenarios = 30
+	}
+	for _, node := range []nodeconfig.Config{{EnableIPv4: true}, {EnableIPv4: true, EnableIPv6: true}} {
+		name := "ipv4-only"
+		if node.EnableIPv6 {
+			name = "dual-stack"
+		}
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, uint64(b2i(node.EnableIPv6))))
+			h := startPolicyHarness(t, harnessOptions{node: node})
+			prog := h.program()
+			apply := func(s scenario) {
+				h.setEndpoints(s.parse(t))
+				h.waitConverged(compileScenario(t, s, node))
+			}
+			checked := 0
+			for i := range scenarios {
+				s := genScenario(rng, true)
+				apply(s)
+				for _, p := range genPackets(rng, s, true, packets) {
+					checked++
+					want := s.oracleAllows(h.node, p)
+					res := runPacket(t, prog, p)
+					if res.Allow == want {
+						continue
+					}
+					min := shrink(s, func(c scenario) bool {
+						apply(c)
+						return runPacket(t, prog, p).Allow != c.oracleAllows(h.node, p)
+					})
+					apply(min)
+					t.Fatalf("seed %d, %s node, scenario %d: packet %s: oracle allows=%t, the program says %+v\nminimal case:\n%s\nkernel maps:\n%s",
+						seed, name, i, p, want, runPacket(t, prog, p), min.render(), mustList(t, h.kernelMaps()))
+				}
+			}
+			t.Logf("%d packets on %d random policies: the program on the reconciled maps agrees with the oracle", checked, scenarios)
+		})
+	}
+}
+
+func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
+	out, err := inspect.ListPolicyMaps(maps, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// recordingMap records the keys of the batch operations the reconciler
+// makes, in order.
+type recordingMap struct {
+	bpf.Map
+	mu  sync.Mutex
+	ops []string // "delete <hex keys>" / "update <hex keys>"
+}
+
+func (r *recordingMap) record(op string, keys any) {
+	var b strings.Builder
+	b.WriteString(op)
+	switch ks := keys.(type) {
+	case []byte:
+		b.WriteString(" " + hexKey(ks))
+	default:
+		for _, k := range byteSlices(keys) {
+			b.WriteString(" " + hexKey(k))
+		}
+	}
+	r.mu.Lock()
+	r.ops = append(r.ops, b.String())
+	r.mu.Unlock()
+}
+
+func (r *recordingMap) Put(key, value any) error {
+	r.record("update", key)
+	return r.Map.Put(key, value)
+}
+
+func (r *recordingMap) Delete(key any) error {
+	r.record("delete", key)
+	return r.Map.Delete(key)
+}
+
+func (r *recordingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
+	r.record("update", keys)
+	return r.Map.BatchUpdate(keys, values, opts)
+}
+
+func (r *recordingMap) BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error) {
+	r.record("delete", keys)
+	return r.Map.BatchDelete(keys, opts)
+}
+
+func (r *recordingMap) recorded() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ops)
+}
+
+// TestPrivilegedPolicyChurnWhileFailing: a destination pod IP changes in
+// the PolicyEndpoint while another entry of the same pod fails in the
+// kernel. The old entry is deleted and the new one added in the same
+// reconciler round (its delete batch and the update batch right after it),
+// the failing entry keeps failing alone, and the stale allow is gone.
+func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
+	spec := func(dst string) string {
+		return "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n" +
+			"  egress:\n  - {cidr: " + dst + ", ports: [{port: 80}]}\n  - {cidr: 172.16.0.0/12, ports: [{protocol: UDP, port: 53}]}\n"
+	}
+	pod := netip.MustParseAddr("10.0.0.5")
+	failing, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("172.16.0.0/12"))
+	oldKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.7/32"))
+	newKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.8/32"))
+
+	h := startPolicyHarness(t, harnessOptions{})
+	rec := &recordingMap{Map: h.kernelMaps()[bpf.PolicyEgressV4MapName]}
+	h.ops.Interpose(bpf.PolicyEgressV4MapName, rec)
+	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
+		if bytes.Equal(key, failing) {
+			return errors.New("refused by the test")
+		}
+		return nil
+	})
+
+	before := mustParse(t, pe("client", spec("10.2.0.7")))
+	h.setEndpoints(before)
+	waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
+		return statusOf(rows, oldKey) == "Done" && statusOf(rows, failing) == "Error"
+	})
+
+	after := mustParse(t, pe("client", spec("10.2.0.8")))
+	h.setEndpoints(after)
+	rows := waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
+		return statusOf(rows, newKey) == "Done" && statusOf(rows, oldKey) == ""
+	})
+	if s := statusOf(rows, failing); s != "Error" {
+		t.Errorf("the failing entry is %s", s)
+	}
+
+	kernel := mustList(t, h.kernelMaps())
+	if strings.Contains(kernel, "10.2.0.7/32") || !strings.Contains(kernel, "10.2.0.8/32 tcp/80") || strings.Contains(kernel, "172.16.0.0/12") {
+		t.Errorf("kernel maps:\n%s", kernel)
+	}
+	ops := rec.recorded()
+	i := slices.IndexFunc(ops, func(op string) bool { return strings.HasPrefix(op, "delete") && strings.Contains(op, hexKey(oldKey)) })
+	if i < 0 || i+1 >= len(ops) || !strings.HasPrefix(ops[i+1], "update") || !strings.Contains(ops[i+1], hexKey(newKey)) {
+		t.Errorf("the old entry's delete is not followed by the new entry's update in the same round:\n%s", strings.Join(ops, "\n"))
+	}
+	for _, op := range ops {
+		if strings.Contains(op, hexKey(failing)) {
+			t.Errorf("the failing key reached the map: %s", op)
+		}
+	}
+
+	// The fault goes: the failing entry is retried in.
+	h.ops.Faults().SetFaultFunc(nil)
+	h.waitConverged(CompilePod(pod, after))
+}
+
+func hexKey(b []byte) string { return hex.EncodeToString(b) }
+
+// byteSlices returns the elements of a slice of byte arrays (a batch of
+// keys) as byte slices.
+func byteSlices(keys any) [][]byte {
+	v := reflect.ValueOf(keys)
+	out := make([][]byte, v.Len())
+	for i := range out {
+		e := v.Index(i)
+		b := make([]byte, e.Len())
+		reflect.Copy(reflect.ValueOf(b), e)
+		out[i] = b
+	}
+	return out
+}
+
+// statusOf is the status kind of the entry with key, "" if absent.
+func statusOf(rows []*PolicyMapEntry, key []byte) string {
+	for _, r := range rows {
+		if bytes.Equal(r.MapKey(), key) {
+			return r.Status.Kind.String()
+		}
+	}
+	return ""
+}
+
+func waitEntries(t *testing.T, h *policyHarness, cond func([]*PolicyMapEntry) bool) []*PolicyMapEntry {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		iter, watch := h.entries.AllWatch(h.db.ReadTxn())
+		rows := statedb.Collect(iter)
+		if cond(rows) {
+			return rows
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			var lines []string
+			for _, r := range rows {
+				lines = append(lines, strings.Join(r.TableRow(), " "))
+			}
+			t.Fatalf("timed out; entries:\n%s", strings.Join(lines, "\n"))
+		}
+	}
+}
+
+// TestPrivilegedPolicyIdenticalBytes: identical input, in any order, gives
+// byte-identical kernel maps, run after run (each run a fresh agent on a
+// fresh bpffs).
+func TestPrivilegedPolicyIdenticalBytes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	s := genScenario(rng, true)
+	for len(s.PEs) < 3 {
+		s = genScenario(rng, true)
+	}
+	node := nodeconfig.Config{EnableIPv4: true, EnableIPv6: true}
+	var first []byte
+	for run := range 3 {
+		h := startPolicyHarness(t, harnessOptions{node: node})
+		h.setEndpoints(shuffleObjects(rng, s.parse(t)))
+		h.waitConverged(compileScenario(t, s, node))
+		got := h.rawKernelBytes()
+		h.stop()
+		if run == 0 {
+			first = got
+			continue
+		}
+		if !bytes.Equal(got, first) {
+			t.Fatalf("run %d: kernel bytes differ:\n%s\nfirst run:\n%s", run, got, first)
+		}
+	}
+	if len(first) == 0 {
+		t.Fatal("nothing programmed")
+	}
+}
+
+// TestPrivilegedPolicyNoPruneBeforeSourceInitialized: a restart finds the
+// maps of the previous run. Until policy-endpoints is initialized (its
+// source has loaded the files), nothing is pruned, even with a short prune
+// interval; once it is, the maps hold exactly the new desired state.
+func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
+	pod := netip.MustParseAddr("10.0.0.5")
+	stale, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.9.0.0/16"))
+	h := startPolicyHarness(t, harnessOptions{
+		args: []string{"--bpf-map-refresh-interval=20ms"},
+		beforeStart: func(dir string) {
+			m, err := bpf.OpenPinned(slog.New(slog.DiscardHandler), bpf.PolicyMapSpec(bpf.Egress, bpf.IPv4, bpf.PolicyDefaultMaxEntries), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Put(stale, anyPorts.bytes); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+	time.Sleep(300 * time.Millisecond) // 15 prune intervals
+	if kernel := mustList(t, h.kernelMaps()); !strings.Contains(kernel, "10.9.0.0/16 any") {
+		t.Fatalf("the previous run's entries were pruned before the source was initialized:\n%s", kernel)
+	}
+	if ok, _ := h.entries.Initialized(h.db.ReadTxn()); ok {
+		t.Fatal("policy-map-entries is initialized before policy-endpoints")
+	}
+
+	pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n"))
+	h.setEndpoints(pes)
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Contains(mustList(t, h.kernelMaps()), "10.9.0.0/16") {
+		if time.Now().After(deadline) {
+			t.Fatal("the stale entry is never pruned")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.waitConverged(CompilePod(pod, pes))
+}

@@ -1,0 +1,12 @@
+package source
+
+import "github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+
+// The rows of policy-endpoints (package endpoints) that the source writes,
+// by the names its decoder (parse.go) uses: aliases, the same types.
+type (
+	PolicyEndpoint = endpoints.PolicyEndpoint
+	PodEndpoint    = endpoints.PodEndpoint
+	Rule           = endpoints.Rule
+	Port           = endpoints.Port
+)

@@ -1,0 +1,218 @@
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/enimasq/enimasq/cells/filesource"
+	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/cells/nodeips"
+)
+
+// policyK8sSource keeps policy-endpoints equal to the PolicyEndpoints of all
+// namespaces in the API server, restricted to the pods on this node.
+//
+// Node rule: a pod entry (spec.podSelectorEndpoints[]) is this node's when
+// its hostIP is one of this node's addresses: an address of an interface of
+// the agent's network namespace (loopback excluded), or the primary IP of
+// one of the node's ENIs (the enis table, when the ENI IPAM runs). Entries
+// without a hostIP, or of other nodes, are dropped; an object left without
+// pods is ignored (not in the table). The addresses are re-read on every
+// change and every --policy-endpoints-resync-interval.
+//
+// Each object goes through the same parser and validator as a file
+// (ParsePolicyEndpoints, on its JSON), and fails closed as a file does
+// (recover.go): an invalid object keeps its last good version, and without
+// one is replaced by its stand-in, which isolates the pods it names in the
+// directions it names (a pod whose hostIP cannot be read is kept: it may be
+// this node's); health is Degraded, naming the object, field and value. An
+// API error leaves the table as it is (Degraded, retried by the informer's
+// backoff). The table is initialized once the informer has synced, whatever
+// the objects hold.
+type policyK8sSource struct {
+	*policySource
+	client  *k8sclient.Client
+	nodeIPs statedb.Table[*nodeips.NodeIP]
+
+	mu       sync.Mutex
+	objects  filesource.Parts[*policyObject] // last good version, by namespace/name
+	last     k8sclient.Snapshot
+	haveLast bool
+}
+
+// policyObject is the last good version of one object, unfiltered.
+type policyObject struct {
+	resourceVersion string
+	pe              *PolicyEndpoint
+}
+
+func newPolicyK8sSource(s *policySource, client *k8sclient.Client, nodeIPs statedb.Table[*nodeips.NodeIP]) *policyK8sSource {
+	s.Failure = filesource.Always(apiFailure("invalid PolicyEndpoints, keeping their last good versions"))
+	s.ValidAgain = filesource.Line{Msg: "PolicyEndpoints are valid and the API server answers again"}
+	return &policyK8sSource{policySource: s, client: client, nodeIPs: nodeIPs}
+}
+
+func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
+	s.Log.Info("Watching PolicyEndpoints in the API server", "node", s.client.NodeName(), "api-server", s.client.Host())
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		// The node's addresses change without a PolicyEndpoint event:
+		// re-evaluate on every change of node-ips and every resync.
+		t := time.NewTicker(s.Period())
+		defer t.Stop()
+		for {
+			txn := s.DB.ReadTxn()
+			_, addrsChanged := s.nodeIPs.AllWatch(txn)
+			var initialized <-chan struct{} // nil (never ready) once initialized
+			if ok, watch := s.nodeIPs.Initialized(txn); !ok {
+				initialized = watch
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-addrsChanged:
+			case <-initialized:
+			case <-t.C:
+			}
+			s.mu.Lock()
+			if s.haveLast {
+				s.updateLocked(health, s.last)
+			}
+			s.mu.Unlock()
+		}
+	}()
+	s.client.Watch(ctx, k8sclient.PolicyEndpoints, "", nil, func(snap k8sclient.Snapshot) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.last, s.haveLast = snap, true
+		s.updateLocked(health, snap)
+	})
+	return nil
+}
+
+// addresses is the set of this node's addresses (see the node rule), once
+// node-ips is initialized: before that, no pod can be said not to be this
+// node's.
+func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
+	txn := s.DB.ReadTxn()
+	if ok, _ := s.nodeIPs.Initialized(txn); !ok {
+		return nil, fmt.Errorf("waiting for the %s table (pending: %v)", nodeips.TableName, s.nodeIPs.PendingInitializers(txn))
+	}
+	return nodeips.Set(txn, s.nodeIPs), nil
+}
+
+func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapshot) {
+	if snap.Err != nil {
+		s.Fail(health, snap.Err, apiFailure("API server error, keeping the PolicyEndpoints as they are, retrying"))
+		return
+	}
+	addrs, err := s.addresses()
+	if err != nil {
+		s.Fail(health, err, apiFailure("cannot tell the pods of this node, keeping the PolicyEndpoints as they are"))
+		return
+	}
+	byKey := make(map[string]*unstructured.Unstructured, len(snap.Objects))
+	keys := make([]string, 0, len(snap.Objects))
+	for _, obj := range snap.Objects {
+		key := obj.GetNamespace() + "/" + obj.GetName()
+		byKey[key] = obj
+		keys = append(keys, key)
+	}
+	var invalidMu sync.Mutex
+	invalid := map[string]*policyObject{} // what an object in error puts in force
+	current, _, errs := s.objects.Read(keys, func(key string, last *policyObject) (*policyObject, error) {
+		obj := byKey[key]
+		if last != nil && last.resourceVersion == obj.GetResourceVersion() {
+			return last, nil
+		}
+		pe, err := parseAPIObject(key, obj.Object)
+		if err != nil {
+			var lastGood []*PolicyEndpoint
+			if last != nil {
+				lastGood = []*PolicyEndpoint{last.pe}
+			}
+			stand := recoverAPIObject(key, obj.Object, err)
+			invalidMu.Lock()
+			invalid[key] = &policyObject{pe: resolve([]parsedObject{{stand, err}}, lastGood)[0]}
+			invalidMu.Unlock()
+			return nil, err
+		}
+		return &policyObject{resourceVersion: obj.GetResourceVersion(), pe: pe}, nil
+	})
+	current = maps.Clone(current) // Parts' own map holds the good versions only
+	maps.Copy(current, invalid)
+
+	desired := map[string]*PolicyEndpoint{}
+	for key, obj := range current {
+		if pe := podsOnNode(obj.pe, addrs); pe != nil { // else no pod of this node
+			desired[key] = pe
+		}
+	}
+	in := s.input(desired, nil)
+	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
+	s.Update(health, in, joinErrors(errs))
+}
+
+// apiFailure reports a failure of the API source: reason says what stays.
+func apiFailure(reason string) filesource.Failure {
+	return filesource.Failure{Log: "PolicyEndpoints: " + reason, Health: "PolicyEndpoints: " + reason, Announce: true}
+}
+
+// parseAPIObject runs one object from the API server through the file
+// parser. Its File is "policyendpoints/<namespace>/<name>".
+func parseAPIObject(key string, obj map[string]any) (*PolicyEndpoint, error) {
+	file := "policyendpoints/" + key
+	data, err := json.Marshal(obj)
+	var pe *PolicyEndpoint
+	if err == nil {
+		pe, err = parseObject(file, nil, data)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return pe, nil
+}
+
+// recoverAPIObject is the stand-in of an object of the API server that is
+// not valid.
+func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoint {
+	file := "policyendpoints/" + key
+	data, err := json.Marshal(obj)
+	if err != nil {
+		data = nil // no pods can be read
+	}
+	return recoverJSON(file, key, key, data, cause)
+}
+
+// podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil
+// when none is. An object whose pods are all on this node is returned as is.
+// The pods of a stand-in whose hostIP cannot be read are kept: they may be
+// this node's, and isolating a pod of another node has no effect here.
+func podsOnNode(pe *PolicyEndpoint, addrs map[netip.Addr]bool) *PolicyEndpoint {
+	var pods []PodEndpoint
+	for _, p := range pe.Pods {
+		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && pe.StandIn {
+			pods = append(pods, p)
+		}
+	}
+	switch len(pods) {
+	case 0:
+		return nil
+	case len(pe.Pods):
+		return pe
+	}
+	c := *pe
+	c.Pods = pods
+	return &c
+}
