@@ -37,9 +37,9 @@ type otherProgram struct {
 // othersOnHook lists the other writers' programs on the device's hook:
 // the tc filters but enimasq's (and but the chain headers the kernel
 // lists with handle 0), and the tcx programs but enimasq's link own (0:
-// the tc fallback, where every tcx program runs first, and enimasq's own
-// is only one an earlier run pinned, pinned). skip are programs reported
-// already (keepFirst's intruders).
+// the tc fallback, where every tcx program runs first; enimasq's there is
+// only the link an earlier run pinned, pinned). skip are programs
+// reported already (keepFirst's intruders).
 func othersOnHook(ifindex int, h hook, own, pinned link.ID, skip map[ebpf.ProgramID]string) ([]otherProgram, error) {
 	var out []otherProgram
 	tc := own == 0
@@ -126,11 +126,14 @@ func (o *ops) othersError(a *Attachment, h hook, others []otherProgram) error {
 		return nil
 	}
 	if len(first) > 0 {
-		return fmt.Errorf("another enforcer on the %s of %s: %s; %s decides the packets before enimasq's filter (pref %#x) and what it passes never reaches enimasq's: not removed (not enimasq's), this is an error while it stays attached",
-			h.name, a.Device, now, strings.Join(first, ", "), tcPriority)
+		which := "it"
+		if len(first) < len(descs) {
+			which = strings.Join(first, ", ")
+		}
+		return fmt.Errorf("another enforcer's %s on the hook: %s decides before enimasq's filter (pref %#x), and what it passes never reaches enimasq's; not removed (not enimasq's), an error while it stays",
+			now, which, tcPriority)
 	}
-	return fmt.Errorf("another enforcer on the %s of %s: %s; enimasq's program is attached and decides first, the other's then decide what the policies allow: not removed (not enimasq's), this is an error while they stay attached",
-		h.name, a.Device, now)
+	return fmt.Errorf("another enforcer's %s on the hook: enimasq's program decides first, then it; not removed (not enimasq's), an error while it stays", now)
 }
 
 // forgetOthers forgets what was reported of a device that goes.

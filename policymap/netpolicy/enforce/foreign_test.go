@@ -128,7 +128,7 @@ func TestPrivilegedForeignTCFilterWithTC(t *testing.T) {
 	e.ops.settings.Attach = AttachTC
 	e.awsFilters()
 	err := e.update(e.ops)
-	if err == nil || !strings.Contains(err.Error(), "decides the packets before enimasq's filter (pref 0x3e57)") {
+	if err == nil || !strings.Contains(err.Error(), "decides before enimasq's filter (pref 0x3e57)") {
 		t.Fatalf("attach with the tc fallback beside the AWS agent's filters: error %v, want one saying it decides first", err)
 	}
 	for _, h := range hooks {

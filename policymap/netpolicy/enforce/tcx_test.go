@@ -192,7 +192,7 @@ func TestPrivilegedTCXAttachesFirst(t *testing.T) {
 		foreign = append(foreign, l)
 	}
 	err := e.update(e.ops)
-	if err == nil || !strings.Contains(err.Error(), `"foreign_pass"`) || !strings.Contains(err.Error(), "another enforcer") {
+	if err == nil || !strings.Contains(err.Error(), `"foreign_pass"`) || !strings.Contains(err.Error(), "another enforcer's tcx program") {
 		t.Errorf("attach with a foreign program behind: error %v, want one naming it", err)
 	}
 	for _, h := range hooks {
