@@ -112,7 +112,10 @@ func decodeFlat(data []byte, v any) bool {
 		}
 		items := make([]string, 0, bytes.Count(data, []byte{'\n'}))
 		for inset := line.indent; more && line.indent == inset && isItem(line.text); line, more = lex.next() {
-			item := strings.TrimLeft(line.text[1:], " ")
+			item := line.text[1:]
+			for item != "" && item[0] == ' ' {
+				item = item[1:]
+			}
 			switch scalar(item) {
 			case stringValue:
 				items = append(items, item)

@@ -23,11 +23,20 @@ type blockLine struct {
 // scalars, flow collections (an empty [] or {} as a whole value is in),
 // single quotes, escapes, and comments after text.
 type lexer struct {
-	text string // what is left; the lines are substrings of it
-	bad  bool
+	text  string // what is left; the lines are substrings of it
+	bad   bool
+	plain bool // no indicator but '#' in the text: no line needs a look for them
+	hash  bool // a '#' in the text
 }
 
-func newLexer(data []byte) *lexer { return &lexer{text: string(data)} }
+// newLexer checks data's bytes once, for all its lines.
+func newLexer(data []byte) *lexer {
+	var seen uint8
+	for _, c := range data {
+		seen |= byteClass[c]
+	}
+	return &lexer{text: string(data), bad: seen&badByte != 0, plain: seen&indicatorByte == 0, hash: seen&hashByte != 0}
+}
 
 // next is the next significant line; false at the end or when bad.
 func (l *lexer) next() (blockLine, bool) {
@@ -38,32 +47,20 @@ func (l *lexer) next() (blockLine, bool) {
 		} else {
 			l.text = ""
 		}
-		indicator := false
-		for i := 0; i < len(line); i++ {
-			switch byteClass[line[i]] {
-			case badByte:
-				l.bad = true // tabs, CRs, control or non-ASCII bytes
-				return blockLine{}, false
-			case indicatorByte:
-				indicator = true
-			}
-		}
-		end := len(line)
-		for end > 0 && line[end-1] == ' ' {
-			end--
+		for line != "" && line[len(line)-1] == ' ' {
+			line = line[:len(line)-1]
 		}
 		indent := 0
-		for indent < end && line[indent] == ' ' {
+		for indent < len(line) && line[indent] == ' ' {
 			indent++
 		}
-		text := line[indent:end]
+		text := line[indent:]
 		switch {
 		case text == "" || text[0] == '#':
-			continue
-		case strings.HasPrefix(text, "---"), strings.HasPrefix(text, "..."):
-			l.bad = true
-			return blockLine{}, false
-		case indicator && !onlyEmptyCollection(text):
+			continue // blank, or a comment
+		case l.hash && strings.IndexByte(text, '#') > 0, // a comment after text, or a '#' in it
+			(text[0] == '-' || text[0] == '.') && (strings.HasPrefix(text, "---") || strings.HasPrefix(text, "...")),
+			!l.plain && strings.ContainsAny(text, indicators) && !onlyEmptyCollection(text):
 			l.bad = true
 			return blockLine{}, false
 		}
@@ -86,21 +83,25 @@ func onlyEmptyCollection(text string) bool {
 // comment.
 const indicators = "#&*!|>'{}[]%@`\\"
 
+// The classes of bytes: good, not in the rule set (tabs, CRs, control and
+// non-ASCII bytes), an indicator, '#' (looked for line by line).
 const (
-	goodByte = iota
-	badByte
-	indicatorByte
+	goodByte      = 0
+	badByte       = 1
+	indicatorByte = 2
+	hashByte      = 4
 )
 
 var byteClass = func() (c [256]uint8) {
 	for i := range c {
-		if i < ' ' || i > '~' {
+		if (i < ' ' || i > '~') && i != '\n' {
 			c[i] = badByte
 		}
 	}
 	for _, i := range indicators {
 		c[i] = indicatorByte
 	}
+	c['#'] = hashByte
 	return c
 }()
 
