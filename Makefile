@@ -5,7 +5,7 @@ BIN       := bin
 GOFLAGS_T ?= -race -count=1
 SAMPLES   ?= $(abspath test/testdata/samples)
 
-.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins cilium-agent test-cilium test-unprivileged
+.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins cilium-agent test-cilium test-unprivileged test-manifests
 
 all: build
 
@@ -50,6 +50,7 @@ k8s-bins:
 test: check-fmt vet staticcheck build k8s-bins
 	ENIMASQ_BIN=$(abspath $(BIN)) ENIMASQ_REQUIRE_K8S=1 $(GO) test $(GOFLAGS_T) -timeout 20m ./...
 	$(MAKE) test-unprivileged
+	$(MAKE) test-manifests
 	$(MAKE) test-cilium
 
 # The same tests as an unprivileged user (nobody, no capabilities): every
@@ -59,6 +60,15 @@ test: check-fmt vet staticcheck build k8s-bins
 UNPRIVILEGED ?= setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all
 test-unprivileged: build
 	ENIMASQ_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 10m -exec '$(UNPRIVILEGED)' ./...
+
+# The deployment manifests (test/manifests, its own module: kustomize's API
+# needs newer shared modules than the Cilium build allows): every
+# kustomization of Documentation/deploy rendered as `kubectl kustomize` does,
+# every object through a server-side dry run on the real kube-apiserver, the
+# DaemonSet's probes, capabilities and CNI install.
+MANIFESTS_DIR := test/manifests
+test-manifests: k8s-bins
+	cd $(MANIFESTS_DIR) && $(GO) vet ./... && ENIMASQ_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 10m ./...
 
 # The Cilium module's tests: Cilium's agent command with enimasq's cells (every
 # flag once, 'cilium-agent hive' constructs) and the whole agent started

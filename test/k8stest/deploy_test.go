@@ -22,14 +22,16 @@ import (
 	"github.com/enimasq/enimasq/test/k8stest"
 )
 
-var deployDir = filepath.Join(k8stest.SourceDir(), "..", "..", "Documentation", "deploy")
+// deployDir holds the standalone agent's manifests; test/manifests renders
+// every kustomization of Documentation/deploy and dry-runs all of them.
+var deployDir = filepath.Join(k8stest.SourceDir(), "..", "..", "Documentation", "deploy", "standalone")
 
 func deployObjects(t *testing.T, file string) []*unstructured.Unstructured {
 	return k8stest.DecodeFile(t, filepath.Join(deployDir, file))
 }
 
-// TestKustomization: `kubectl apply -k Documentation/deploy` applies every
-// manifest there, and the image it renames is the DaemonSet's.
+// TestKustomization: `kubectl apply -k Documentation/deploy/standalone`
+// applies every manifest there, and the image it renames is the DaemonSet's.
 func TestKustomization(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(deployDir, "kustomization.yaml"))
 	if err != nil {
@@ -77,7 +79,7 @@ func TestDeployManifests(t *testing.T) {
 	defer cancel()
 
 	var applied []*unstructured.Unstructured
-	for _, f := range []string{"rbac.yaml", "ip-masq-agent.yaml"} {
+	for _, f := range []string{"rbac.yaml", "ip-masq-agent.yaml", "cni-config.yaml"} {
 		first := c.MustApply(t, deployObjects(t, f)...)
 		again := c.MustApply(t, deployObjects(t, f)...)
 		for i := range first {
@@ -123,9 +125,11 @@ func containers(t *testing.T, ds *unstructured.Unstructured) []map[string]any {
 }
 
 func checkDaemonSet(t *testing.T, ds *unstructured.Unstructured, applied []*unstructured.Unstructured) {
-	byKind := map[string]*unstructured.Unstructured{}
+	byKind := map[string]*unstructured.Unstructured{} // the ConfigMap: ip-masq-agent
 	for _, o := range applied {
-		byKind[o.GetKind()] = o
+		if o.GetKind() != "ConfigMap" || o.GetName() == "ip-masq-agent" {
+			byKind[o.GetKind()] = o
+		}
 	}
 	spec := func(path ...string) any {
 		v, _, _ := unstructured.NestedFieldNoCopy(ds.Object, append([]string{"spec", "template", "spec"}, path...)...)
@@ -148,8 +152,13 @@ func checkDaemonSet(t *testing.T, ds *unstructured.Unstructured, applied []*unst
 	if agent == nil {
 		t.Fatal("no agent container")
 	}
-	if priv, _, _ := unstructured.NestedBool(agent, "securityContext", "privileged"); !priv {
-		t.Error("agent not privileged")
+	// Not privileged: the capabilities it uses (test/manifests checks the
+	// rest of the DaemonSet).
+	if priv, _, _ := unstructured.NestedBool(agent, "securityContext", "privileged"); priv {
+		t.Error("agent privileged")
+	}
+	if add, _, _ := unstructured.NestedStringSlice(agent, "securityContext", "capabilities", "add"); !slices.Contains(add, "NET_ADMIN") {
+		t.Errorf("agent capabilities %v", add)
 	}
 
 	// The flags are the agent's own.
