@@ -51,6 +51,7 @@ func newRootCommand() *cobra.Command {
 		shellCommand(o),
 		bpfCommand(o),
 		ipamCommand(o),
+		cleanupCommand(o),
 		versionCommand(o),
 		bugtoolCommand(o),
 	)
