@@ -21,7 +21,13 @@
 // asks the kernel for the chain: a foreign program ahead of enimasq's is an
 // error naming it while it stays attached, enimasq's is put back first (the
 // foreign one is left where it is) and the device's tracked connections
-// are forgotten.
+// are forgotten. Another writer's program anywhere on the hooks (a tcx
+// program behind enimasq's, a tc filter: the AWS network policy agent's
+// on eni* devices) is never touched either, and makes the row an error
+// naming it while it stays (foreign.go says why an error).
+//
+// Uninstall (enimasq-dbg cleanup) takes every program of enimasq off the
+// devices with no agent running.
 //
 // The programs keep the connections the policy allowed in a pinned
 // connection-tracking map, so that replies pass and a restart keeps them.
