@@ -93,7 +93,7 @@ func TestPrivilegedNetworkPolicyRawFrames(t *testing.T) {
 		run(t, "ip", "-n", l[0], "link", "set", l[1], "mtu", "9000")
 	}
 	a, _ := node.startAgent(map[string]string{"a": policyEndpoint("a", podA, []string{"Egress"}, nil, nil)})
-	waitAttached(a, 1)
+	waitAttached(a, 2) // x's device too: no policy selects x, which the programs allow
 
 	got := node.countUDP(node.peerNS(), "udp4", policyPeerIP+":9999")
 	peer := netip.MustParseAddr(policyPeerIP)
@@ -111,7 +111,8 @@ func TestPrivilegedNetworkPolicyRawFrames(t *testing.T) {
 			ethernetFrame(la.gw, la.mac, 0x0800, 0, udp(podA, 100)),
 		)
 	}
-	// The control: x, which no policy selects, sends the same paged frame.
+	// The control: x, which no policy selects, sends the same paged frame:
+	// judged whole, and allowed.
 	node.sendFrames("x", lx, ethernetFrame(lx.gw, lx.mac, 0x0800, 0, udp(podX, 6000)))
 	settle(t, got, 1)
 	if n := got.n.Load(); n != 1 {
@@ -211,5 +212,66 @@ func (n *policyNode) serveUDPEcho(ns, network, addr string) {
 	n.t.Helper()
 	if err := inNS(n.ns[ns], func() error { return listenUDP(n.t, network, addr, echo) }); err != nil {
 		n.t.Fatal(err)
+	}
+}
+
+// A pod that no policy selects is no way around another pod's policy: its
+// device carries the programs too, so it sends only with its own source
+// (not the peer's, which b admits), and as a local pod it may not send b
+// ICMP errors about b's connections with the peer.
+func TestPrivilegedNetworkPolicyPodWithoutPolicyForgesNothing(t *testing.T) {
+	node := newPolicyNode(t)
+	const devB, devX = "enimab1b1b1b", "enimac1c1c1c"
+	node.addPod("b", devB, podB)
+	node.addPod("x", devX, podX)
+	a, _ := node.startAgent(map[string]string{
+		"b": policyEndpoint("b", podB, []string{"Ingress"}, []peRule{{cidr: policyPeerIP + "/32", ports: []string{"UDP 9999"}}}, nil),
+	})
+	waitAttached(a, 2) // x's device too, though no policy selects x
+
+	got := node.countUDP(node.podNS("b"), "udp4", podB+":9999")
+	peer, b := netip.MustParseAddr(policyPeerIP), netip.MustParseAddr(podB)
+	lx := node.podLink("x", devX)
+	forged := ethernetFrame(lx.gw, lx.mac, 0x0800, 0, ipv4Packet(peer, b, 17, udpDatagram(40000, 9999, []byte("forged"))))
+	node.sendFrames("x", lx, forged, forged, forged)
+
+	// b's UDP flow from 7777 to the peer: tracked. x sends b errors about
+	// it; the peer sends one (it may: the connection is its).
+	if err := inNS(node.ns[node.podNS("b")], func() error {
+		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(podB), Port: 7777}, &net.UDPAddr{IP: net.ParseIP(policyPeerIP), Port: 9999})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	errors := node.countICMP(node.podNS("b"), "ip4:icmp", 3, 8+28+400)
+	flow := ipv4Packet(b, peer, 17, udpDatagram(7777, 9999, nil))
+	for range 3 {
+		sendICMP(t, node.ns[node.podNS("x")], false, podB, icmpUnreachable(flow), 0)
+	}
+	sendICMP(t, node.ns[node.peerNS()], false, podB, icmpUnreachable(flow), 0)
+	// The control: the peer's own datagram to b.
+	if err := inNS(node.ns[node.peerNS()], func() error {
+		c, err := net.Dial("udp4", podB+":9999")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("real"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, got, 1)
+	settle(t, errors, 1)
+	if n := got.n.Load(); n != 1 {
+		t.Errorf("b received %d datagrams on 9999, want 1 (the peer's; none of x's with the peer's source)", n)
+	}
+	if n := errors.n.Load(); n != 1 {
+		t.Errorf("b received %d ICMP errors about its flow, want 1 (the peer's; none of x's)", n)
 	}
 }

@@ -233,7 +233,7 @@ func TestPrivilegedNetworkPolicyForgedSourceFromAPodWithoutPolicy(t *testing.T) 
 	a, _ := node.startAgent(map[string]string{
 		"b": policyEndpoint("b", podB, []string{"Ingress"}, []peRule{{cidr: podA + "/32"}}, nil),
 	})
-	waitAttached(a, 1)
+	waitAttached(a, 3) // every pod's device, x's too
 	time.Sleep(100 * time.Millisecond) // the bindings, derived with the attachment
 	got := countUDP(t, node.ns[node.podNS("b")], podB+":9999")
 	run(t, "ip", "-n", node.podNS("x"), "addr", "add", podA+"/32", "dev", "eth0")

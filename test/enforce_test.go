@@ -586,7 +586,7 @@ func TestPrivilegedNetworkPolicyOnEnimasqCNIPods(t *testing.T) {
 	pe := policyEndpoint("server", ipB, []string{"Ingress"}, []peRule{{cidr: ipA + "/32", ports: []string{"TCP 80"}}}, nil)
 	pe = strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10")
 	WriteFileAtomic(t, filepath.Join(a.Dir, "policyendpoints", "server.yaml"), pe)
-	waitAttached(a, 1)
+	waitAttached(a, 2) // both pods' devices carry the programs
 	deadline := time.Now().Add(5 * time.Second)
 	for connect(81) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -597,9 +597,11 @@ func TestPrivilegedNetworkPolicyOnEnimasqCNIPods(t *testing.T) {
 	if !connect(80) {
 		t.Error("the client did not reach the server's TCP 80")
 	}
-	// The row names the host-side veth that enimasq-cni made for the server.
+	// The rows name the host-side veths that enimasq-cni made: every pod's
+	// device carries the programs, the client's too (no policy selects
+	// it: allowed, with its own source only).
 	rows := a.MustDbg("shell", "--", "db/show", "policy-attachments")
-	if !strings.Contains(rows, ipB) || strings.Contains(rows, ipA) {
-		t.Errorf("policy-attachments should hold the server's device only:\n%s", rows)
+	if !strings.Contains(rows, ipB) || !strings.Contains(rows, ipA) || strings.Count(rows, "Done") != 2 {
+		t.Errorf("policy-attachments should hold both pods' devices, Done:\n%s", rows)
 	}
 }

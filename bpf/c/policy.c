@@ -511,10 +511,24 @@ static __always_inline int is_icmp_error(const struct pkt *p, const struct flow 
 	return 0;
 }
 
+/* pod_device is the ifindex of the device a pod address is routed to, 0
+ * for an address that is no pod's. */
+static __always_inline __u32 pod_device(const struct pkt *p, const __u8 *addr)
+{
+	struct pod_key k = { .family = p->family };
+	__u32 *ifindex;
+
+	__builtin_memcpy(k.addr, addr, 16);
+	ifindex = bpf_map_lookup_elem(&enimasq_policy_pods, &k);
+	return ifindex ? *ifindex : 0;
+}
+
 /* icmp_related says whether an ICMP error is about a live tracked
  * connection of this pod on this device: the packet it quotes was sent by
  * the pod (an error the pod receives: the quoted source is the outer
- * destination) or to it (an error the pod sends: the quoted destination is
+ * destination; the sender is the quoted destination or a router on the
+ * way, never another local pod) or to it (an error the pod sends: the
+ * quoted destination is
  * the outer source and the quoted source the outer destination), and is a
  * packet of that connection. Only quotes with an IPv4 header (with or
  * without options) or an IPv6 header without extension headers are
@@ -553,7 +567,10 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 		__builtin_memcpy(k.pod, qdst, 16);
 		__builtin_memcpy(k.peer, qsrc, 16);
 	} else {
-		if (!same_addr(qsrc, p->dst, v6))
+		/* The error may come from a router on the way (path MTU
+		 * discovery), but not from another pod of the node: a local pod
+		 * may only send errors about its own connections. */
+		if (!same_addr(qsrc, p->dst, v6) || (!same_addr(p->src, qdst, v6) && pod_device(p, p->src)))
 			return 0;
 		__builtin_memcpy(k.pod, qsrc, 16);
 		__builtin_memcpy(k.peer, qdst, 16);
@@ -671,18 +688,6 @@ static __always_inline int neighbour_discovery(const struct pkt *p, const struct
 		return link_local(p->src) || unspecified(p->src) || link_scope(p->dst);
 	}
 	return 0;
-}
-
-/* pod_device is the ifindex of the device a pod address is routed to, 0
- * for an address that is no pod's. */
-static __always_inline __u32 pod_device(const struct pkt *p, const __u8 *addr)
-{
-	struct pod_key k = { .family = p->family };
-	__u32 *ifindex;
-
-	__builtin_memcpy(k.addr, addr, 16);
-	ifindex = bpf_map_lookup_elem(&enimasq_policy_pods, &k);
-	return ifindex ? *ifindex : 0;
 }
 
 /* spoofed says whether the packet's source is forged: on the pod's egress,

@@ -14,7 +14,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nldump"
 )
 
@@ -26,9 +25,8 @@ import (
 // answers once the pod device's programs are on it and its maps hold the
 // pod addresses given (their policy-attachments and policy-bindings rows
 // Done, for the device's current ifindex): 200 + DeviceAnswer, Enforced
-// true. When the device carries no programs by design (network policy off,
-// or standard mode and no policy selects the addresses) it answers at once,
-// Enforced false with the reason. Errors are {"error", "reason"} with 400
+// true. With network policy off, no device carries programs: it answers at
+// once, Enforced false with the reason. Errors are {"error", "reason"} with 400
 // (invalid request), 404 (no such device) or 503 (not enforced before the
 // timeout, with the last row error).
 var APIPatterns = []string{"/v1/policy/"}
@@ -129,8 +127,8 @@ func (a *API) device(w http.ResponseWriter, r *http.Request) {
 }
 
 // Wait waits until the programs are on the device and the maps hold its
-// pod addresses ips, or answers at once that the device carries none by
-// design. It follows the rows as they change; a row in Error is retried by
+// pod addresses ips, or answers at once that no device carries any
+// (network policy off). It follows the rows as they change; a row in Error is retried by
 // its reconciler, and Wait returns the last such error when ctx ends.
 func (a *API) Wait(ctx context.Context, device string, ips []netip.Addr) (DeviceAnswer, error) {
 	answer := DeviceAnswer{Device: device}
@@ -141,16 +139,9 @@ func (a *API) Wait(ctx context.Context, device string, ips []netip.Addr) (Device
 	var lastErr error
 	for {
 		txn := a.db.ReadTxn()
-		selected, initialized, podsWatch := a.pods(txn)
+		_, initialized, podsWatch := a.pods(txn)
 		var watches []<-chan struct{}
 		if initialized {
-			if a.settings.Mode != bpf.PolicyModeStrict && !slices.ContainsFunc(ips, func(ip netip.Addr) bool {
-				_, found := slices.BinarySearchFunc(selected, ip, netip.Addr.Compare)
-				return found
-			}) {
-				answer.Reason = "no policy selects the pod, and the mode is standard"
-				return answer, nil
-			}
 			link, err := nldump.LinkByName(device)
 			if err != nil {
 				return answer, fmt.Errorf("%w: %s: %w", errNoDevice, device, err)

@@ -14,14 +14,16 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
 // deriver keeps policy-attachments equal to the pod devices to enforce on:
-// the veths that the node's host routes to selected pods (to every pod, in
-// strict mode) leave by, each with every address routed to it; and
+// every veth that a host route of the node to a pod leaves by, each with
+// every address routed to it, whatever the pods' policies (a pod that no
+// policy selects is allowed by the programs in standard mode, and its
+// packets still carry one of its own addresses: no pod forges another's,
+// or an outside peer's, source past its own device); and
 // policy-bindings equal to every pod address routed to a veth, whatever its
 // policy. It derives again when the selection changes and when a link or a
 // route comes or goes.
@@ -80,7 +82,7 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 
 	for {
 		txn := d.db.ReadTxn()
-		pods, initialized, watch := d.pods(txn)
+		_, initialized, watch := d.pods(txn)
 		if !initialized {
 			// The policies are not read yet: the attachments of an earlier
 			// run stay as they are (nothing is pruned) until they are.
@@ -92,7 +94,7 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 			}
 			continue
 		}
-		rows, bindings, err := d.desired(pods)
+		rows, bindings, err := d.desired()
 		if err != nil {
 			health.Degraded("listing the pods' devices", err)
 		} else {
@@ -134,14 +136,9 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 }
 
 // desired lists the attachments: one per veth that host routes of the main
-// table to pods lead to (a selected pod's, or any pod's in strict mode),
-// with every pod address routed to it; and the bindings: every pod address
-// routed to a veth.
-func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, []*Binding, error) {
-	want := map[netip.Addr]bool{}
-	for _, p := range selected {
-		want[p] = true
-	}
+// table to pods lead to, with every pod address routed to it; and the
+// bindings: every pod address routed to a veth.
+func (d *deriver) desired() ([]*Attachment, []*Binding, error) {
 	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ip route list: %w", err)
@@ -155,7 +152,6 @@ func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, []*Binding, err
 		return a.LinkIndex - b.LinkIndex
 	})
 	byIndex := map[int]*Attachment{}
-	enforced := map[int]bool{}
 	bound := map[netip.Addr]*Binding{}
 	for _, r := range routes {
 		if r.Dst == nil || r.LinkIndex == 0 {
@@ -181,16 +177,11 @@ func (d *deriver) desired(selected []netip.Addr) ([]*Attachment, []*Binding, err
 		}
 		a.Pods = append(a.Pods, addr)
 		bound[addr] = &Binding{Addr: addr, Device: a.Device, Ifindex: a.Ifindex}
-		if d.settings.Mode == bpf.PolicyModeStrict || want[addr] {
-			enforced[r.LinkIndex] = true
-		}
 	}
-	out := make([]*Attachment, 0, len(enforced))
-	for index, a := range byIndex {
-		if enforced[index] {
-			slices.SortFunc(a.Pods, netip.Addr.Compare)
-			out = append(out, a)
-		}
+	out := make([]*Attachment, 0, len(byIndex))
+	for _, a := range byIndex {
+		slices.SortFunc(a.Pods, netip.Addr.Compare)
+		out = append(out, a)
 	}
 	slices.SortFunc(out, func(a, b *Attachment) int { return a.Ifindex - b.Ifindex })
 	bindings := make([]*Binding, 0, len(bound))
