@@ -35,7 +35,7 @@ type otherProgram struct {
 }
 
 // othersOnHook lists the other writers' programs on the device's hook:
-// the tc filters but enimasq's (and but the chain headers the kernel
+// the tc bpf filters but enimasq's (and but the chain headers the kernel
 // lists with handle 0), and the tcx programs but enimasq's link own (0:
 // the tc fallback, where every tcx program runs first; enimasq's there is
 // only the link an earlier run pinned, pinned). skip are programs
@@ -68,8 +68,11 @@ func othersOnHook(ifindex int, h hook, own, pinned link.ID, skip map[ebpf.Progra
 		return out, nil
 	}
 	for _, f := range filters {
+		// Only bpf filters enforce (the AWS agent's, Calico's, Cilium's tc
+		// programs); a classic filter (the bandwidth plugin's u32 redirect
+		// to an ifb) shapes or mirrors, and is not another enforcer.
 		a := f.Attrs()
-		if bf, ok := f.(*netlink.BpfFilter); a.Handle == 0 || (ok && bf.Name == tcFilterName) {
+		if bf, ok := f.(*netlink.BpfFilter); !ok || a.Handle == 0 || bf.Name == tcFilterName {
 			continue
 		}
 		// tcx programs run before every tc filter; with the tc fallback a

@@ -138,3 +138,34 @@ func TestPrivilegedForeignTCFilterWithTC(t *testing.T) {
 		}
 	}
 }
+
+// A classic filter (the bandwidth plugin's kind: shaping, mirroring) is
+// not another enforcer: the row is Done.
+func TestPrivilegedClassicTCFilterIsNoEnforcer(t *testing.T) {
+	e := newTCXEnv(t)
+	err := e.in(func() error {
+		qdisc := &netlink.GenericQdisc{
+			QdiscAttrs: netlink.QdiscAttrs{LinkIndex: e.att.Ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+			QdiscType:  "clsact",
+		}
+		if err := netlink.QdiscAdd(qdisc); err != nil {
+			return err
+		}
+		// u32 matching every packet, with a class (no action module
+		// needed), as `tc filter add ... u32 match u32 0 0 classid 1:1`.
+		return netlink.FilterAdd(&netlink.U32{
+			FilterAttrs: netlink.FilterAttrs{LinkIndex: e.att.Ifindex, Parent: netlink.HANDLE_MIN_INGRESS, Protocol: unix.ETH_P_ALL, Priority: 1},
+			ClassId:     netlink.MakeHandle(1, 1),
+			Sel:         &netlink.TcU32Sel{Flags: netlink.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{}}},
+		})
+	})
+	if err != nil {
+		t.Fatalf("u32 filter: %s", err)
+	}
+	if fs := e.filters(hooks[0]); len(fs) == 0 || !strings.Contains(fs[len(fs)-1], "tc u32 filter") {
+		t.Fatalf("ingress filters %v: want the u32 filter", fs)
+	}
+	if err := e.update(e.ops); err != nil {
+		t.Errorf("attach beside a u32 filter: %s", err)
+	}
+}
