@@ -77,7 +77,7 @@ func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	if len(data) > MaxPolicyEndpointFileSize {
 		return nil, fmt.Errorf("%s: file is larger than %d bytes", path, MaxPolicyEndpointFileSize)
 	}
-	docs, err := splitDocuments(data)
+	docs, err := strictdecode.Documents(data)
 	if err != nil {
 		err = fmt.Errorf("%s: %w", path, err)
 		return []parsedObject{{recoverText(path, standInName(path, 1, -1), data, err), err}}, err
@@ -85,12 +85,12 @@ func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	var out []parsedObject
 	var errs []error
 	seen := map[string]string{} // key -> where
-	for i, doc := range docs {
+	for _, doc := range docs {
 		where := path
 		if len(docs) > 1 {
-			where = fmt.Sprintf("%s: document %d", path, i+1)
+			where = fmt.Sprintf("%s: document %d", path, doc.Index)
 		}
-		for _, o := range parseDocument(path, i+1, where, doc) {
+		for _, o := range parseDocument(path, doc.Index, where, doc.Data) {
 			if o.err == nil {
 				if first, dup := seen[o.pe.Key()]; dup {
 					o.err = fmt.Errorf("%s: PolicyEndpoint %s is defined twice (first in %s)", where, o.pe.Key(), first)
