@@ -6,6 +6,7 @@ require (
 	github.com/containernetworking/cni v1.3.0
 	github.com/enimasq/enimasq v0.0.0
 	github.com/spf13/pflag v1.0.10
+	golang.org/x/mod v0.37.0
 	k8s.io/apimachinery v0.36.4
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2
