@@ -133,12 +133,12 @@ func runScript(t *testing.T, file string, c *k8stest.Cluster, text string, args 
 }
 
 // TestServiceAccount runs the client as the DaemonSet does, with the
-// service account and ClusterRole of Documentation/deploy: an informer on
+// service account and ClusterRole of Documentation/deploy/standalone: an informer on
 // this node's CiliumNode sees that object only, the status can be written,
 // the spec cannot.
 func TestServiceAccount(t *testing.T) {
 	c := k8stest.Start(t)
-	c.ApplyFile(t, "../../Documentation/deploy/rbac.yaml")
+	c.ApplyFile(t, "../../Documentation/deploy/standalone/rbac.yaml")
 	sample := k8stest.DecodeFile(t, "../../test/testdata/samples/ciliumnode.yaml")[0]
 	other := sample.DeepCopy()
 	other.SetName("some-other-node")
