@@ -215,9 +215,7 @@ func TestPrivilegedNetworkPolicyIsEnforced(t *testing.T) {
 		return out
 	}
 
-	a.WaitFor("pod b's device carries the programs", func() bool {
-		return strings.Contains(a.MustDbg("shell", "--", "db/show", "policy-attachments"), "eni4f3e2d1c0b")
-	})
+	waitAttached(a, 2) // both pods' devices, a's before any policy selects it
 	for _, tc := range policyCases {
 		t.Run(tc.name, func(t *testing.T) {
 			WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, tc.isolation, tc.ingress, tc.egress))
