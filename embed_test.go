@@ -21,7 +21,7 @@ import (
 )
 
 // featureTables are the tables the feature cells register.
-var featureTables = []string{"node-ips", "ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries", "policy-attachments"}
+var featureTables = []string{"node-ips", "ip-masq-agent-cidrs", "masq-map-entries", "enis", "ipam-allocations", "eni-rules", "eni-routes", "policy-endpoints", "policy-map-entries", "policy-attachments", "policy-bindings"}
 
 // TestFeaturesEmbedInAForeignHive builds the feature cells into a hive the way
 // a Cilium-based agent would: its own statedb, jobs and health, a job.Group
