@@ -149,10 +149,10 @@ func PolicyConnections(m *ebpf.Map) (int, error) {
 	return n, fmt.Errorf("the map changed while its connections were counted")
 }
 
-// policyCTKeySize is struct ct_key of c/policy.c: {u8 pod[16]; u8
+// PolicyCTKeySize is struct ct_key of c/policy.c: {u8 pod[16]; u8
 // peer[16]; u16 pod_port; u16 peer_port; u8 protocol; u8 family; u8 pad[2];
 // u32 ifindex}.
-const policyCTKeySize = 44
+const PolicyCTKeySize = 44
 
 // PolicyConnection is a tracked connection as its key names it.
 type PolicyConnection struct {
@@ -165,9 +165,10 @@ type PolicyConnection struct {
 	PeerPort uint16
 }
 
-// parsePolicyCTKey decodes a key of the connection-tracking map.
-func parsePolicyCTKey(k []byte) (PolicyConnection, bool) {
-	if len(k) != policyCTKeySize {
+// ParsePolicyCTKey decodes a key of the connection-tracking map; false for
+// a key of another size or family (another version's layout).
+func ParsePolicyCTKey(k []byte) (PolicyConnection, bool) {
+	if len(k) != PolicyCTKeySize {
 		return PolicyConnection{}, false
 	}
 	c := PolicyConnection{
@@ -205,7 +206,7 @@ func ForgetPolicyConnections(m *ebpf.Map, forget func(PolicyConnection) bool) (i
 			}
 			break
 		}
-		if c, ok := parsePolicyCTKey(key); !ok || forget(c) {
+		if c, ok := ParsePolicyCTKey(key); !ok || forget(c) {
 			stale = append(stale, slices.Clone(key))
 		}
 		cursor = slices.Clone(key)

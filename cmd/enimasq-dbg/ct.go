@@ -82,40 +82,17 @@ func hostPort(a netip.Addr, port uint16, proto uint8) string {
 	return a.String()
 }
 
-// ctKeySize and ctValueSize are struct ct_key and struct ct_value of
-// bpf/c/policy.c: {u8 pod[16]; u8 peer[16]; u16 pod_port; u16 peer_port; u8
-// protocol; u8 family; u8 pad[2]; u32 ifindex} and {u64 last_seen; u32
-// opened_by; u32 pad}; bpf.PolicyConnection is the key decoded, as
-// bpf/policyct.go decodes it.
-const (
-	ctKeySize   = 44
-	ctValueSize = 16
-)
-
-func parseCTKey(k []byte) (bpf.PolicyConnection, bool) {
-	c := bpf.PolicyConnection{
-		PodPort:  binary.NativeEndian.Uint16(k[32:]),
-		PeerPort: binary.NativeEndian.Uint16(k[34:]),
-		Protocol: k[36],
-		Ifindex:  binary.NativeEndian.Uint32(k[40:]),
-	}
-	switch k[37] {
-	case 4:
-		c.Pod, c.Peer = netip.AddrFrom4([4]byte(k[0:4])), netip.AddrFrom4([4]byte(k[16:20]))
-	case 6:
-		c.Pod, c.Peer = netip.AddrFrom16([16]byte(k[0:16])), netip.AddrFrom16([16]byte(k[16:32]))
-	default:
-		return c, false
-	}
-	return c, true
-}
+// ctValueSize is struct ct_value of bpf/c/policy.c: {u64 last_seen; u32
+// opened_by; u32 pad}; the key is bpf.PolicyCTKeySize bytes, decoded by
+// bpf.ParsePolicyCTKey.
+const ctValueSize = 16
 
 // listConnections reads every tracked connection, sorted by device, pod,
 // peer, protocol and ports.
 func listConnections(m *ebpf.Map) ([]connection, error) {
-	if m.KeySize() != ctKeySize || m.ValueSize() != ctValueSize {
+	if m.KeySize() != bpf.PolicyCTKeySize || m.ValueSize() != ctValueSize {
 		return nil, fmt.Errorf("%s has keys of %d bytes and values of %d, this enimasq-dbg reads %d and %d: another version's layout",
-			bpf.PolicyCTMapName, m.KeySize(), m.ValueSize(), ctKeySize, ctValueSize)
+			bpf.PolicyCTMapName, m.KeySize(), m.ValueSize(), bpf.PolicyCTKeySize, ctValueSize)
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
@@ -124,7 +101,7 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 	now := uint64(ts.Nano())
 	out := []connection{}
 	var (
-		key   = make([]byte, ctKeySize)
+		key   = make([]byte, bpf.PolicyCTKeySize)
 		value = make([]byte, ctValueSize)
 	)
 	// A hash map is walked by keys; one evicted under the walk restarts
@@ -142,7 +119,7 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 		} else if err != nil {
 			return nil, fmt.Errorf("%s: %w", bpf.PolicyCTMapName, err)
 		}
-		c, ok := parseCTKey(key)
+		c, ok := bpf.ParsePolicyCTKey(key)
 		if !ok {
 			return nil, fmt.Errorf("%s: a key of family %d: another version's layout?", bpf.PolicyCTMapName, key[37])
 		}
