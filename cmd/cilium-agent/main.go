@@ -1,6 +1,8 @@
 // cilium-agent is Cilium v1.20.2's agent with enimasq's cells linked in: the
 // upstream daemon/main.go plus one more cell, as a downstream build of Cilium
-// does. Cilium's flags toggle enimasq (see Documentation/cilium.md).
+// does. Cilium's flags toggle enimasq (see Documentation/cilium.md);
+// enimasq's own flags say "(enimasq)" in the help, and those that do
+// nothing in this build are not on its command line (flags.go).
 package main
 
 import (
@@ -14,5 +16,7 @@ func main() {
 	hiveFn := func() *hive.Hive {
 		return hive.New(cmd.Agent, ciliumlink.Cell)
 	}
-	cmd.Execute(cmd.NewAgentCmd(hiveFn))
+	root := cmd.NewAgentCmd(hiveFn)
+	markEnimasqFlags(root)
+	cmd.Execute(root)
 }

@@ -41,15 +41,36 @@ func TestFlagsAgainstCilium(t *testing.T) {
 			}
 		}()
 		root = cmd.NewAgentCmd(func() *hive.Hive { return hive.New(cmd.Agent, ciliumlink.Cell) })
+		markEnimasqFlags(root)
 	}()
 	all := flagNames(root.Flags())
 
+	// enimasq's flags say so in the help; those that do nothing in this
+	// build are not flags of it.
 	own := pflag.NewFlagSet("enimasq", pflag.ContinueOnError)
 	upstream.New(enimasq.Features).RegisterFlags(own)
 	for name := range flagNames(own) {
-		if !all[name] {
+		f := root.Flags().Lookup(name)
+		switch {
+		case notInCiliumBuild[name] && f != nil:
+			t.Errorf("enimasq flag --%s does nothing in the Cilium build but is registered", name)
+		case notInCiliumBuild[name]:
+		case f == nil:
 			t.Errorf("enimasq flag --%s is not in cilium-agent's flags", name)
+		case !strings.HasPrefix(f.Usage, "(enimasq) "):
+			t.Errorf("enimasq flag --%s: help %q does not say (enimasq)", name, f.Usage)
 		}
+	}
+	root.Flags().VisitAll(func(f *pflag.Flag) {
+		if own.Lookup(f.Name) == nil && strings.Contains(f.Usage, "(enimasq)") {
+			t.Errorf("Cilium's flag --%s says (enimasq)", f.Name)
+		}
+	})
+	if err := root.ParseFlags([]string{"--network-policy-attach=tcx"}); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+		t.Errorf("--network-policy-attach in the Cilium build: %v, want unknown flag", err)
+	}
+	if len(notInCiliumBuild) == 0 {
+		t.Error("notInCiliumBuild is empty")
 	}
 
 	standalone := pflag.NewFlagSet("enimasq-agent", pflag.ContinueOnError)
@@ -112,6 +133,29 @@ func TestAgentBinary(t *testing.T) {
 	for _, name := range []string{"enable-ip-masq-agent", "ip-masq-agent-config-path", "ipam", "eni-egress-rule-mode", "ciliumnode-path", "bpf-map-retry-min"} {
 		if seen[name] != 1 {
 			t.Errorf("--%s: listed %d times, want once", name, seen[name])
+		}
+	}
+	for name := range notInCiliumBuild {
+		if seen[name] != 0 {
+			t.Errorf("--%s: listed, but it does nothing in the Cilium build", name)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\s+--eni-egress-rule-mode string\s+\(enimasq\) `).Match(help) {
+		t.Errorf("cilium-agent --help: --eni-egress-rule-mode does not say (enimasq)")
+	}
+
+	// Cilium's version, as Cilium's Makefile sets it (build.sh, which make
+	// test-cilium ran), in the agent and in Cilium's cilium-dbg beside it.
+	if dir := os.Getenv("ENIMASQ_BIN"); dir != "" {
+		version, err := exec.Command(bin, "--version").CombinedOutput()
+		if err != nil || !regexp.MustCompile(`^cilium-agent 1\.20\.2 \S+ \S+ go version go`).Match(version) {
+			t.Errorf("cilium-agent --version: %q, %v; want Cilium's version 1.20.2, a revision and a date", version, err)
+		}
+		dbg := exec.Command(filepath.Join(dir, "cilium-dbg"), "version")
+		dbg.Env = append(os.Environ(), "CILIUM_SOCK="+filepath.Join(t.TempDir(), "no-agent.sock"))
+		out, _ := dbg.CombinedOutput()
+		if !regexp.MustCompile(`(?m)^Client: 1\.20\.2 \S+ \S+ go version go`).Match(out) {
+			t.Errorf("cilium-dbg version: %q; want the client's version 1.20.2", out)
 		}
 	}
 }
