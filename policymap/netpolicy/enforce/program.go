@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,8 +22,7 @@ type programs struct {
 	maps     PolicyMaps
 
 	mu     sync.Mutex
-	loaded *bpf.PolicyProgram
-	ids    map[string]ebpf.MapID
+	loaded boundPrograms
 	state  []*ebpf.Map // ct, mode, pods, frags
 }
 
@@ -32,41 +32,65 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// The old programs stay in the kernel while a link holds them; the
+	// links are moved to the new ones as their rows are reconciled.
+	return p.loaded.bind(maps, func() (map[string]*ebpf.Map, error) {
+		if p.state == nil {
+			if p.state, err = p.openState(); err != nil {
+				return nil, err
+			}
+		}
+		return map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1],
+			bpf.PolicyPodsMapName: p.state[2], bpf.PolicyFragsMapName: p.state[3]}, nil
+	})
+}
+
+// boundPrograms is the policy programs loaded bound to a set of policy
+// maps (the programs of the pods' devices and the verdict API's alike).
+type boundPrograms struct {
+	prog *bpf.PolicyProgram
+	ids  map[string]ebpf.MapID
+}
+
+// bind returns the programs bound to the policy maps and to the state maps
+// state returns, loaded again (the old ones closed) only when a policy map has
+// another ID than when they were loaded; state is asked only then.
+func (b *boundPrograms) bind(policy map[string]*ebpf.Map, state func() (map[string]*ebpf.Map, error)) (*bpf.PolicyProgram, error) {
 	ids := map[string]ebpf.MapID{}
-	for name, m := range maps {
+	for name, m := range policy {
 		info, err := m.Info()
 		if err != nil {
 			return nil, fmt.Errorf("map %s: %w", name, err)
 		}
-		id, _ := info.ID()
-		ids[name] = id
+		ids[name], _ = info.ID()
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.loaded != nil && sameIDs(p.ids, ids) {
-		return p.loaded, nil
+	if b.prog != nil && sameIDs(b.ids, ids) {
+		return b.prog, nil
 	}
-	if p.state == nil {
-		if p.state, err = p.openState(); err != nil {
-			return nil, err
-		}
+	st, err := state()
+	if err != nil {
+		return nil, err
 	}
-	all := map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1], bpf.PolicyPodsMapName: p.state[2],
-		bpf.PolicyFragsMapName: p.state[3]}
-	for name, m := range maps {
+	all := maps.Clone(st)
+	for name, m := range policy {
 		all[name] = m
 	}
 	prog, err := bpf.LoadPolicyProgram(all)
 	if err != nil {
 		return nil, err
 	}
-	// The old programs stay in the kernel while a link holds them; the
-	// links are moved to the new ones as their rows are reconciled.
-	if p.loaded != nil {
-		p.loaded.Close()
-	}
-	p.loaded, p.ids = prog, ids
+	b.close()
+	b.prog, b.ids = prog, ids
 	return prog, nil
+}
+
+func (b *boundPrograms) close() {
+	if b.prog != nil {
+		b.prog.Close()
+		b.prog = nil
+	}
 }
 
 // openState opens the pinned connection-tracking, mode, devices' pods and
@@ -134,9 +158,7 @@ func (p *programs) start() error {
 func (p *programs) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.loaded != nil {
-		p.loaded.Close()
-	}
+	p.loaded.close()
 	for _, m := range p.state {
 		m.Close()
 	}

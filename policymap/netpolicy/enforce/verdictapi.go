@@ -69,10 +69,9 @@ type Verdicts struct {
 	settings Settings
 	maps     PolicyMaps
 
-	mu   sync.Mutex
-	prog *bpf.PolicyProgram
-	ids  map[string]ebpf.MapID
-	mode *ebpf.Map
+	mu     sync.Mutex
+	loaded boundPrograms
+	mode   *ebpf.Map
 }
 
 func newVerdicts(lc cell.Lifecycle, s Settings, maps PolicyMaps) *Verdicts {
@@ -84,10 +83,7 @@ func newVerdicts(lc cell.Lifecycle, s Settings, maps PolicyMaps) *Verdicts {
 func (v *Verdicts) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.prog != nil {
-		v.prog.Close()
-		v.prog = nil
-	}
+	v.loaded.close()
 	if v.mode != nil {
 		v.mode.Close()
 		v.mode = nil
@@ -101,43 +97,25 @@ func (v *Verdicts) program(r *http.Request) (*bpf.PolicyProgram, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := map[string]ebpf.MapID{}
-	for name, m := range maps {
-		info, err := m.Info()
-		if err != nil {
-			return nil, fmt.Errorf("map %s: %w", name, err)
+	return v.loaded.bind(maps, func() (map[string]*ebpf.Map, error) {
+		if v.mode == nil {
+			_, spec, err := bpf.PolicyStateSpecs()
+			if err != nil {
+				return nil, err
+			}
+			spec.Pinning = ebpf.PinNone
+			mode, err := ebpf.NewMap(spec)
+			if err != nil {
+				return nil, fmt.Errorf("mode map: %w", err)
+			}
+			if err := bpf.SetPolicyMode(mode, v.settings.Mode); err != nil {
+				mode.Close()
+				return nil, err
+			}
+			v.mode = mode
 		}
-		ids[name], _ = info.ID()
-	}
-	if v.prog != nil && sameIDs(v.ids, ids) {
-		return v.prog, nil
-	}
-	if v.mode == nil {
-		_, spec, err := bpf.PolicyStateSpecs()
-		if err != nil {
-			return nil, err
-		}
-		spec.Pinning = ebpf.PinNone
-		if v.mode, err = ebpf.NewMap(spec); err != nil {
-			return nil, fmt.Errorf("mode map: %w", err)
-		}
-		if err := bpf.SetPolicyMode(v.mode, v.settings.Mode); err != nil {
-			return nil, err
-		}
-	}
-	all := map[string]*ebpf.Map{bpf.PolicyModeMapName: v.mode}
-	for name, m := range maps {
-		all[name] = m
-	}
-	prog, err := bpf.LoadPolicyProgram(all)
-	if err != nil {
-		return nil, err
-	}
-	if v.prog != nil {
-		v.prog.Close()
-	}
-	v.prog, v.ids = prog, ids
-	return prog, nil
+		return map[string]*ebpf.Map{bpf.PolicyModeMapName: v.mode}, nil
+	})
 }
 
 func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
