@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/allocator"
@@ -65,22 +66,9 @@ func newWorkDir(t testing.TB) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeAtomic(t, filepath.Join(dir, f.dst), string(data))
+		celltest.WriteFileAtomic(t, filepath.Join(dir, f.dst), string(data))
 	}
 	return dir
-}
-
-func writeAtomic(t testing.TB, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // startAgent starts a hive in the namespace with the files of dir and waits

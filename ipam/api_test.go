@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/datapath"
 	"golang.org/x/sys/unix"
@@ -216,7 +217,7 @@ func TestAPIListNotReadyBeforeRestore(t *testing.T) {
 	n := newFakeNetwork(t, false)
 	dir := newWorkDir(t)
 	// An unreadable checkpoint keeps the allocator from restoring.
-	writeAtomic(t, filepath.Join(dir, "state", allocator.CheckpointFile), "{not json")
+	celltest.WriteFileAtomic(t, filepath.Join(dir, "state", allocator.CheckpointFile), "{not json")
 	a := startAgentNoWait(t, n, n.Handle(), dir)
 	for _, path := range []string{"/v1/ipam", "/v1/ipam?containerID=c1&ifname=eth0", "/v1/ipam/10.130.100.133"} {
 		a.waitFor("GET "+path+" answers not-ready", func() (bool, string) {

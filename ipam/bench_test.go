@@ -86,7 +86,7 @@ func (e *benchEnv) setCIDRs(b *testing.B, extra ...netip.Prefix) {
 			fmt.Fprintf(&f, "- %s\n", p)
 		}
 		f.WriteString("masqLinkLocal: true\n")
-		writeAtomic(b, e.config, f.String())
+		celltest.WriteFileAtomic(b, e.config, f.String())
 		return
 	}
 	var rows []ipmasq.CIDR
@@ -137,7 +137,7 @@ func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 	n := newTestNetNS(b, false)
 	e := &benchEnv{n: n, nl: &countingNetlink{Netlink: n.H}, tables: map[netip.Addr]int{}}
 	dir := b.TempDir()
-	writeAtomic(b, filepath.Join(dir, "ciliumnode.yaml"), benchCiliumNode())
+	celltest.WriteFileAtomic(b, filepath.Join(dir, "ciliumnode.yaml"), benchCiliumNode())
 	args := []string{
 		"--state-dir", filepath.Join(dir, "state"), "--bpf-root", dir,
 		"--enable-bpf-masquerade", "--ciliumnode-path", filepath.Join(dir, "ciliumnode.yaml"),

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/statedb"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/datapath"
 	"golang.org/x/sys/unix"
@@ -39,7 +40,7 @@ func TestPrivilegedConfigChangeTouchesOnlyItsRules(t *testing.T) {
 
 	sample, _ := os.ReadFile(filepath.Join(samplesDir, "ip-masq-agent.yaml"))
 	peered := strings.Replace(string(sample), "- 10.0.0.0/8\n", "- 10.0.0.0/8\n- 198.18.0.0/15\n", 1)
-	writeAtomic(t, filepath.Join(dir, "config", "ip-masq-agent"), peered)
+	celltest.WriteFileAtomic(t, filepath.Join(dir, "config", "ip-masq-agent"), peered)
 	withPeered := strings.Replace(sampleCIDRs, "192.168.0.0/16", "192.168.0.0/16 198.18.0.0/15", 1)
 	a.waitKernel(kernelRules(withPeered, threePods...))
 
@@ -57,7 +58,7 @@ func TestPrivilegedConfigChangeTouchesOnlyItsRules(t *testing.T) {
 	}
 
 	before = counts()
-	writeAtomic(t, filepath.Join(dir, "config", "ip-masq-agent"), string(sample))
+	celltest.WriteFileAtomic(t, filepath.Join(dir, "config", "ip-masq-agent"), string(sample))
 	a.waitKernel(kernelRules(sampleCIDRs, threePods...))
 	after = counts()
 	if d := [4]int64{after[0] - before[0], after[1] - before[1], after[2] - before[2], after[3] - before[3]}; d != [4]int64{0, 3, 0, 0} {
@@ -120,7 +121,7 @@ func TestPrivilegedRestartRestoresAllocations(t *testing.T) {
 	// Down again: 10.130.112.20 leaves the pool. At start it is reported,
 	// its rules and ENI 2's routes go, the others stay.
 	node, _ := os.ReadFile(filepath.Join(samplesDir, "ciliumnode.yaml"))
-	writeAtomic(t, filepath.Join(dir, "node", "ciliumnode.yaml"),
+	celltest.WriteFileAtomic(t, filepath.Join(dir, "node", "ciliumnode.yaml"),
 		strings.Replace(string(node), "      10.130.112.20:\n        resource: eni-0a1b2c3d4e5f00002\n", "", 1))
 	c := startAgent(t, n, n.H, dir)
 	c.waitKernel(kernelRules(sampleCIDRs, threePods[:2]...))

@@ -72,7 +72,7 @@ func startAgent(b *testing.B, content string) *agent {
 	b.Helper()
 	bpfRoot := celltest.MountBPFFS(b)
 	a := &agent{path: filepath.Join(b.TempDir(), "config", "ip-masq-agent"), bpfRoot: bpfRoot}
-	writeAtomic(b, a.path, content)
+	celltest.WriteFileAtomic(b, a.path, content)
 	h := infra.New(infra.Core, infra.NodeConfigCell, ipmasq.Cell, policymap.Module(masqmap.Cell),
 		cell.Invoke(func(db *statedb.DB, t statedb.Table[*masqmap.Entry]) { a.db, a.entries = db, t }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
@@ -87,18 +87,6 @@ func startAgent(b *testing.B, content string) *agent {
 	}
 	b.Cleanup(func() { h.Stop(log, context.Background()) })
 	return a
-}
-
-func writeAtomic(b *testing.B, path, content string) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		b.Fatal(err)
-	}
 }
 
 // waitDone waits until the entry of every prefix is Done (in the map), or,
@@ -263,7 +251,7 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 	for range b.N {
 		runtime.GC()
 		start := time.Now()
-		writeAtomic(b, a.path, editedFile)
+		celltest.WriteFileAtomic(b, a.path, editedFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, false)
 		ours += time.Since(start)
 
@@ -273,7 +261,7 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 		peerTime += time.Since(start)
 
 		// Back to the base, untimed, on both.
-		writeAtomic(b, a.path, baseFile)
+		celltest.WriteFileAtomic(b, a.path, baseFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, true)
 		bulkRefresh(b, peer, baseKeys)
 	}
@@ -302,11 +290,11 @@ func BenchmarkFullLoadFileToMap16383(b *testing.B) {
 
 		runtime.GC()
 		start := time.Now()
-		writeAtomic(b, a.path, full)
+		celltest.WriteFileAtomic(b, a.path, full)
 		a.waitDone(b, prefixes, false)
 		ours += time.Since(start)
 
-		writeAtomic(b, a.path, empty)
+		celltest.WriteFileAtomic(b, a.path, empty)
 		a.waitDone(b, prefixes, true)
 		a.waitMapLen(b, 1) // the deletes done before the next load
 	}

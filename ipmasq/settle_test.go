@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/ipmasq"
 )
@@ -150,20 +151,6 @@ func newRows() string {
 	return strings.Join(out, " ")
 }
 
-// renameOver replaces path with content: a temporary file renamed over it.
-func renameOver(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestInPlaceRewriteAppliesOnlyTheFinalFile: the file truncated in place
 // and written in chunks, with pauses shorter than the settle time (the
 // file kept open for some chunks, opened and closed for each of the
@@ -173,32 +160,13 @@ func renameOver(t *testing.T, path, content string) {
 // last write.
 func TestInPlaceRewriteAppliesOnlyTheFinalFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config", "ip-masq-agent")
-	renameOver(t, path, oldFile)
+	celltest.WriteFileAtomic(t, path, oldFile)
 	c := startCIDRCells(t, path, oldRows)
 	r := c.record(t)
 
 	pause := ipmasq.SettleTime / 5
 	start := time.Now()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(pause) // the file empty
-	f.WriteString(newHeader)
-	for _, p := range newItems[:3] {
-		time.Sleep(pause)
-		f.WriteString("- " + p + "\n")
-	}
-	f.Close()
-	for _, p := range newItems[3:] {
-		time.Sleep(pause)
-		g, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.WriteString("- " + p + "\n")
-		g.Close()
-	}
+	celltest.RewriteInPlace(t, path, newHeader, newItems, pause)
 	last := time.Now()
 
 	bound := 500 * time.Millisecond
@@ -239,10 +207,10 @@ func TestRenameAndConfigMapSwapAreImmediate(t *testing.T) {
 	}
 	t.Run("rename", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "config", "ip-masq-agent")
-		renameOver(t, path, oldFile)
+		celltest.WriteFileAtomic(t, path, oldFile)
 		c := startCIDRCells(t, path, oldRows)
 		start := time.Now()
-		renameOver(t, path, newFile)
+		celltest.WriteFileAtomic(t, path, newFile)
 		took := c.wait(t, newRows(), 10*time.Second).Sub(start)
 		t.Logf("a rename applied in %s", took)
 		if took >= ipmasq.SettleTime {

@@ -310,16 +310,4 @@ func Column(rows []map[string]any, field string) []string {
 
 // WriteFileAtomic replaces path the way a careful writer does: a temporary
 // file renamed over it.
-func WriteFileAtomic(t testing.TB, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
+var WriteFileAtomic = celltest.WriteFileAtomic

@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // cidrChange is one change of ip-masq-agent-cidrs as the agent's
@@ -99,26 +100,7 @@ func TestPrivilegedIPMasqAgentAppliesAnInPlaceRewriteOnce(t *testing.T) {
 
 	items := []string{"10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16", "10.4.0.0/16", "10.5.0.0/16", "10.6.0.0/16"}
 	pause := ipMasqSettle / 5
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(pause) // the file empty
-	f.WriteString("masqLinkLocal: true\nmasqLinkLocalIPv6: true\nnonMasqueradeCIDRs:\n")
-	for _, p := range items[:3] {
-		time.Sleep(pause)
-		f.WriteString("- " + p + "\n")
-	}
-	f.Close()
-	for _, p := range items[3:] {
-		time.Sleep(pause)
-		g, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.WriteString("- " + p + "\n")
-		g.Close()
-	}
+	celltest.RewriteInPlace(t, path, "masqLinkLocal: true\nmasqLinkLocalIPv6: true\nnonMasqueradeCIDRs:\n", items, pause)
 	last := time.Now()
 
 	got := collect(changes, 2*ipMasqSettle)
