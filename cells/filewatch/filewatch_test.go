@@ -15,28 +15,42 @@ import (
 // reload (the first one at start).
 func watch(t *testing.T, dir string) <-chan struct{} {
 	t.Helper()
+	return startWatch(t, func(ctx context.Context, reload func()) error {
+		return WatchDir(ctx, slog.New(slog.DiscardHandler), dir, time.Hour, reload)
+	}, func() struct{} { return struct{}{} })
+}
+
+// startWatch runs run until the test ends (its error fails the test) and
+// returns a channel that receives what of each reload; it waits for the
+// reload at start.
+func startWatch[T any](t *testing.T, run func(ctx context.Context, reload func()) error, what func() T) <-chan T {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	reloads := make(chan struct{}, 100)
+	reloads := make(chan T, 100)
 	done := make(chan error)
 	go func() {
-		done <- WatchDir(ctx, slog.New(slog.DiscardHandler), dir, time.Hour, func() { reloads <- struct{}{} })
+		done <- run(ctx, func() { reloads <- what() })
 	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("WatchDir: %s", err)
+			t.Errorf("watch: %s", err)
 		}
 	})
-	expectReload(t, reloads, "start")
+	next(t, reloads, "start")
 	return reloads
 }
 
-func expectReload(t *testing.T, reloads <-chan struct{}, what string) {
+// next is the next reload's value, failing the test after 10 s without one.
+func next[T any](t *testing.T, reloads <-chan T, what string) T {
 	t.Helper()
 	select {
-	case <-reloads:
+	case r := <-reloads:
+		return r
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no reload after %s", what)
+		var zero T
+		return zero
 	}
 }
 
@@ -46,12 +60,12 @@ func TestWatchDirSeesADirectoryThatAppearsLater(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "the directory appeared")
+	next(t, reloads, "the directory appeared")
 	// Now the directory itself is watched: a file written in it is seen.
 	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "a file was written")
+	next(t, reloads, "a file was written")
 }
 
 func TestWatchDirSeesAConfigMapSymlinkSwap(t *testing.T) {
@@ -71,7 +85,7 @@ func TestWatchDirSeesAConfigMapSymlinkSwap(t *testing.T) {
 	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "the ..data swap")
+	next(t, reloads, "the ..data swap")
 }
 
 func TestWatchDirRewatchesARecreatedDirectory(t *testing.T) {
@@ -83,15 +97,15 @@ func TestWatchDirRewatchesARecreatedDirectory(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "the directory was removed")
+	next(t, reloads, "the directory was removed")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "the directory was recreated")
+	next(t, reloads, "the directory was recreated")
 	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	expectReload(t, reloads, "a file was written in the new directory")
+	next(t, reloads, "a file was written in the new directory")
 }
 
 // A rename into the directory and a symlink are read at once; a write, a

@@ -18,35 +18,12 @@ type read struct {
 // watchSettle runs Watch with settle on dir, each reload reading path.
 func watchSettle(t *testing.T, dir, path string, settle time.Duration) <-chan read {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	reads := make(chan read, 100)
-	done := make(chan error)
-	go func() {
-		done <- Watch(ctx, slog.New(slog.DiscardHandler), Options{Dir: dir, Period: func() time.Duration { return time.Hour }, Settle: settle},
-			func() {
-				data, _ := os.ReadFile(path)
-				reads <- read{string(data), time.Now()}
-			})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Watch: %s", err)
-		}
+	return startWatch(t, func(ctx context.Context, reload func()) error {
+		return Watch(ctx, slog.New(slog.DiscardHandler), Options{Dir: dir, Period: func() time.Duration { return time.Hour }, Settle: settle}, reload)
+	}, func() read {
+		data, _ := os.ReadFile(path)
+		return read{string(data), time.Now()}
 	})
-	nextRead(t, reads, "start")
-	return reads
-}
-
-func nextRead(t *testing.T, reads <-chan read, what string) read {
-	t.Helper()
-	select {
-	case r := <-reads:
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no read after %s", what)
-		return read{}
-	}
 }
 
 // A file truncated and written in chunks, with pauses shorter than the
@@ -78,7 +55,7 @@ func TestWatchSettlesAFileWrittenInPlace(t *testing.T) {
 		g.Close()
 	}
 	last := time.Now()
-	r := nextRead(t, reads, "the write in place")
+	r := next(t, reads, "the write in place")
 	if r.data != "abcde" {
 		t.Fatalf("read %q before the write settled", r.data)
 	}
@@ -104,9 +81,9 @@ func TestWatchRenameAndSwapDoNotSettle(t *testing.T) {
 
 	check := func(what, want string, start time.Time) {
 		t.Helper()
-		r := nextRead(t, reads, what)
+		r := next(t, reads, what)
 		for r.data != want && r.at.Sub(start) < settle {
-			r = nextRead(t, reads, what)
+			r = next(t, reads, what)
 		}
 		if r.data != want || r.at.Sub(start) >= settle/5 {
 			t.Errorf("%s: read %q after %s, want %q at once", what, r.data, r.at.Sub(start), want)
