@@ -159,6 +159,18 @@ func removeTree(dir string) ([]string, error) {
 
 // removePins removes the pins in dir whose name match says so.
 func removePins(dir string, match func(string) bool) ([]string, error) {
+	return removeEntries(dir, func(e fs.DirEntry) string {
+		if match(e.Name()) {
+			return "pin"
+		}
+		return ""
+	})
+}
+
+// removeEntries removes the entries of dir that kind names (what each is,
+// "" to keep it) and lists them as kind and path; a dir that is not there
+// holds none.
+func removeEntries(dir string, kind func(fs.DirEntry) string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -168,7 +180,8 @@ func removePins(dir string, match func(string) bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		if !match(e.Name()) {
+		what := kind(e)
+		if what == "" {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
@@ -176,7 +189,7 @@ func removePins(dir string, match func(string) bool) ([]string, error) {
 			errs = append(errs, err)
 			continue
 		}
-		removed = append(removed, "pin "+path)
+		removed = append(removed, what+" "+path)
 	}
 	return removed, errors.Join(errs...)
 }
@@ -247,31 +260,14 @@ func ciliumRunning(socket, dir string, maps []string) string {
 // temporary files) and the agent's sockets left in the state dir. The
 // lock file stays: it is held while this runs.
 func removeState(stateDir string) ([]string, error) {
-	entries, err := os.ReadDir(stateDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	} else if err != nil {
-		return nil, err
-	}
-	var removed []string
-	var errs []error
-	for _, e := range entries {
+	return removeEntries(stateDir, func(e fs.DirEntry) string {
 		name := e.Name()
-		checkpoint := name == allocator.CheckpointFile || strings.HasPrefix(name, "."+allocator.CheckpointFile+".tmp-")
-		socket := e.Type()&fs.ModeSocket != 0 && (name == "enimasq.sock" || name == "shell.sock")
-		if !checkpoint && !socket {
-			continue
+		switch {
+		case name == allocator.CheckpointFile || strings.HasPrefix(name, "."+allocator.CheckpointFile+".tmp-"):
+			return "IPAM checkpoint"
+		case e.Type()&fs.ModeSocket != 0 && (name == "enimasq.sock" || name == "shell.sock"):
+			return "socket"
 		}
-		path := filepath.Join(stateDir, name)
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		if checkpoint {
-			removed = append(removed, "IPAM checkpoint "+path)
-		} else {
-			removed = append(removed, "socket "+path)
-		}
-	}
-	return removed, errors.Join(errs...)
+		return ""
+	})
 }
