@@ -2,6 +2,7 @@ package celltest
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/cilium/hive/cell"
@@ -42,6 +43,10 @@ func (h *Health) Get() string { h.mu.Lock(); defer h.mu.Unlock(); return h.last 
 func (h *Health) OK(status string)      { h.set("OK: " + status) }
 func (h *Health) Stopped(reason string) { h.set("Stopped: " + reason) }
 func (h *Health) Degraded(reason string, err error) {
+	if err != nil && strings.HasSuffix(reason, err.Error()) {
+		h.set("Degraded: " + reason) // the reason says the error already
+		return
+	}
 	h.set(fmt.Sprintf("Degraded: %s: %v", reason, err))
 }
 func (h *Health) NewScope(string) cell.Health { return h }

@@ -78,5 +78,12 @@ func (s *Source[Obj, K]) Fail(health cell.Health, err error, f Failure) {
 		health.OK(f.Health)
 		return
 	}
-	health.Degraded(f.Health, err)
+	// The message names the file, field and value itself: an embedding
+	// agent's health view may show the message alone (Cilium's
+	// `cilium-dbg status --all-health` tree does).
+	msg := f.Health
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	health.Degraded(msg, err)
 }

@@ -163,7 +163,7 @@ func (r *HealthRegistry) lines() []string {
 func (r *HealthRegistry) WriteText(w io.Writer) {
 	for _, s := range r.Scopes() {
 		fmt.Fprintf(w, "%s: level=%s message=%s", s.Scope, s.Level, s.Message)
-		if s.Error != "" {
+		if s.Error != "" && !strings.HasSuffix(s.Message, s.Error) {
 			fmt.Fprintf(w, " error=%s", s.Error)
 		}
 		fmt.Fprintln(w)

@@ -167,7 +167,7 @@ func healthCommand(o *options) *cobra.Command {
 					t.row(m.Module, m.Level)
 					for _, d := range m.Degraded {
 						reason := d.Message
-						if d.Error != "" {
+						if d.Error != "" && !strings.HasSuffix(reason, d.Error) {
 							reason += ": " + d.Error
 						}
 						t.line("  " + d.Scope + ": " + reason)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -184,7 +185,7 @@ func writeStatus(out io.Writer, rep statusReport) {
 		fmt.Fprintf(w, "  %s\t%s\n", m.Module, m.Level)
 		for _, d := range m.Degraded {
 			reason := d.Message
-			if d.Error != "" {
+			if d.Error != "" && !strings.HasSuffix(reason, d.Error) {
 				reason += ": " + d.Error
 			}
 			fmt.Fprintf(w, "    %s\t%s\n", d.Scope, reason)

@@ -293,6 +293,12 @@ func (a *agent) waitFor(what string, timeout time.Duration, cond func() (bool, s
 func (a *agent) writeConfig(cidrs ...string) {
 	a.t.Helper()
 	data, _ := json.Marshal(map[string]any{"nonMasqueradeCIDRs": cidrs})
+	a.writeConfigData(data)
+}
+
+// writeConfigData replaces the ip-masq-agent file with data, atomically.
+func (a *agent) writeConfigData(data []byte) {
+	a.t.Helper()
 	if err := os.MkdirAll(filepath.Dir(a.configPath), 0o755); err != nil {
 		a.t.Fatal(err)
 	}

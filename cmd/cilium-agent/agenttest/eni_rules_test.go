@@ -104,6 +104,24 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 	checkHealth(t, a)
 	checkUsedMetric(t, a)
 
+	// An invalid file: the module is Degraded in cilium-dbg's health tree,
+	// which shows the message alone, naming the file, field and value;
+	// the last good CIDRs stay; a good file makes it healthy again.
+	a.writeConfigData([]byte(`{"nonMasqueradeCIDRs": ["10.0.0.0/8", "10.300.0.0/16"]}`))
+	a.waitFor("ipmasq Degraded, naming the file, field and value", 10*time.Second, func() (bool, string) {
+		tree := enimasqTree(a.dbg("status", "--all-health"))
+		for _, line := range strings.Split(tree, "\n") {
+			if strings.Contains(line, "[DEGRADED]") && strings.Contains(line, a.configPath) &&
+				strings.Contains(line, "nonMasqueradeCIDRs") && strings.Contains(line, "10.300.0.0/16") {
+				return true, ""
+			}
+		}
+		return false, tree
+	})
+	a.waitFor("cilium_ipmasq_v4 kept while the file is invalid", time.Second, mapIs(bpfRoot, want))
+	a.writeConfig("10.0.0.0/8", "100.64.0.0/10", "198.18.0.0/15")
+	checkHealth(t, a)
+
 	// Nothing of enimasq writes the CiliumNode: Cilium v1.20 keeps
 	// status.ipam.used empty, and so it stays.
 	cn, err := cluster.Get(context.Background(), objects()[1])
