@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,6 +72,11 @@ func runCleanup(w io.Writer, stateDir string, c *cleanupOptions) error {
 		return err
 	}
 	defer lock.Close()
+	// The Cilium build holds enimasq's state from inside Cilium's agent,
+	// without enimasq's lock.
+	if pid := ciliumWithEnimasq(); pid != "" {
+		return fmt.Errorf("cilium-agent (pid %s) links enimasq's cells and keeps what cleanup would remove: stop it first", pid)
+	}
 
 	var removed, notes []string
 	var errs []error
@@ -200,6 +207,35 @@ func anyPinned(dir string, names []string) bool {
 		return err == nil
 	})
 }
+
+// ciliumWithEnimasq is the pid of a running cilium-agent (in the caller's
+// PID namespace) whose binary links enimasq's cells (Go's build info names
+// the module), or "".
+func ciliumWithEnimasq() string {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return ""
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "cilium-agent" {
+			continue
+		}
+		info, err := buildinfo.ReadFile(filepath.Join("/proc", p.Name(), "exe"))
+		if err != nil {
+			continue
+		}
+		if info.Main.Path == enimasqModule || slices.ContainsFunc(info.Deps, func(m *debug.Module) bool { return m.Path == enimasqModule }) {
+			return p.Name()
+		}
+	}
+	return ""
+}
+
+const enimasqModule = "github.com/enimasq/enimasq"
 
 // ciliumRunning says how a running Cilium was found ("" if none): its
 // agent answers on its socket, a cilium-agent process runs (in the

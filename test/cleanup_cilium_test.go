@@ -1,0 +1,68 @@
+package test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/enimasq/enimasq/cells/celltest"
+)
+
+// In the Cilium build, Cilium's agent runs enimasq's cells and takes no
+// enimasq lock: cleanup refuses while a cilium-agent that links them runs
+// (as its build info says), and works once it is gone.
+func TestPrivilegedCleanupRefusesWhileTheCiliumBuildRuns(t *testing.T) {
+	celltest.RequireRoot(t)
+	bin := Build(t)
+	bpfRoot, stateDir := celltest.MountBPFFS(t), t.TempDir()
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	ns := "enq-clean-" + hex.EncodeToString(suffix)
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+
+	// A process named cilium-agent whose binary links enimasq: a copy of
+	// enimasq-dbg, waiting on its stdin.
+	fake := filepath.Join(t.TempDir(), "cilium-agent")
+	data, err := os.ReadFile(bin.Dbg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fake, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	agent := exec.Command(fake, "policy", "verdict", "--stdin", "--bpf-root", bpfRoot)
+	stdin, err := agent.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.Stdout, agent.Stderr = io.Discard, io.Discard
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); agent.Process.Kill(); agent.Wait() })
+
+	cleanup := func() (string, error) {
+		var out bytes.Buffer
+		cmd := exec.Command("ip", "netns", "exec", ns, bin.Dbg, "--state-dir", stateDir, "cleanup",
+			"--bpf-root", bpfRoot, "--cilium-socket", filepath.Join(stateDir, "no-cilium.sock"))
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	out, err := cleanup()
+	if err == nil || !strings.Contains(out, "links enimasq's cells") {
+		t.Fatalf("cleanup while a Cilium build runs: %v, want refused naming it:\n%s", err, out)
+	}
+	stdin.Close()
+	agent.Wait()
+	if out, err := cleanup(); err != nil {
+		t.Fatalf("cleanup once the Cilium build stopped: %v\n%s", err, out)
+	}
+}
