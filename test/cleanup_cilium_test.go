@@ -66,3 +66,38 @@ func TestPrivilegedCleanupRefusesWhileTheCiliumBuildRuns(t *testing.T) {
 		t.Fatalf("cleanup once the Cilium build stopped: %v\n%s", err, out)
 	}
 }
+
+// cleanup removes the conflist and the plugin the DaemonSet installed,
+// and nothing else of their directories.
+func TestPrivilegedCleanupRemovesTheCNIFiles(t *testing.T) {
+	celltest.RequireRoot(t)
+	bin := Build(t)
+	bpfRoot, stateDir := celltest.MountBPFFS(t), t.TempDir()
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	ns := "enq-cleancni-" + hex.EncodeToString(suffix)
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	conf, plugins := t.TempDir(), t.TempDir()
+	for _, f := range []string{filepath.Join(conf, "10-enimasq.conflist"), filepath.Join(conf, "05-other.conflist"),
+		filepath.Join(plugins, "enimasq-cni"), filepath.Join(plugins, "loopback")} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 { // idempotent
+		var out bytes.Buffer
+		cmd := exec.Command("ip", "netns", "exec", ns, bin.Dbg, "--state-dir", stateDir, "cleanup", "--bpf-root", bpfRoot,
+			"--cilium-socket", filepath.Join(stateDir, "no-cilium.sock"), "--cni-conf-dir", conf, "--cni-bin-dir", plugins)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("cleanup: %v\n%s", err, out.String())
+		}
+	}
+	for f, want := range map[string]bool{filepath.Join(conf, "10-enimasq.conflist"): false, filepath.Join(conf, "05-other.conflist"): true,
+		filepath.Join(plugins, "enimasq-cni"): false, filepath.Join(plugins, "loopback"): true} {
+		if _, err := os.Stat(f); (err == nil) != want {
+			t.Errorf("%s: present=%t after cleanup, want %t", f, err == nil, want)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
 )
 
@@ -50,7 +51,7 @@ func enimasqState(t *testing.T, a *Agent, topo *vpcTopology) []string {
 		}
 		return nil
 	})
-	err := inNS(topo.nodeNS, func() error {
+	err := celltest.InNS(topo.nodeNS, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

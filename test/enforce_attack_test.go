@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -40,7 +41,7 @@ func TestPrivilegedNetworkPolicyICMPErrorsOfOtherConnections(t *testing.T) {
 	waitAttached(a, 2)
 
 	// x opens a UDP flow from port 40053 to the peer's 53: tracked.
-	if err := inNS(node.ns[node.podNS("x")], func() error {
+	if err := celltest.InNS(node.ns[node.podNS("x")], func() error {
 		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(podX), Port: 40053}, &net.UDPAddr{IP: net.ParseIP(policyPeerIP), Port: 53})
 		if err != nil {
 			return err
@@ -154,7 +155,7 @@ func TestPrivilegedNetworkPolicyIPv6NeighbourDiscoveryAndFragments(t *testing.T)
 	// 3000 bytes of UDP from the peer, fragmented on its way: the pod
 	// allows UDP on every port from the peer.
 	got := node.countUDP(node.podNS("a"), "udp6", "["+pod6+"]:9999")
-	if err := inNS(node.ns[node.peerNS()], func() error {
+	if err := celltest.InNS(node.ns[node.peerNS()], func() error {
 		c, err := net.Dial("udp6", "["+pod6+"]:9999")
 		if err != nil {
 			return err
@@ -188,7 +189,7 @@ func TestPrivilegedNetworkPolicyIPv6NeighbourDiscoveryAndFragments(t *testing.T)
 // udpEcho says whether size bytes sent from the pod to addr come back whole.
 func (n *policyNode) udpEcho(pod, addr string, size int) bool {
 	var ok bool
-	inNS(n.ns[n.podNS(pod)], func() error {
+	celltest.InNS(n.ns[n.podNS(pod)], func() error {
 		c, err := net.Dial("udp", addr)
 		if err != nil {
 			return err
@@ -210,7 +211,7 @@ func (n *policyNode) udpEcho(pod, addr string, size int) bool {
 // serveUDPEcho echoes every datagram that reaches addr in the netns, whole.
 func (n *policyNode) serveUDPEcho(ns, network, addr string) {
 	n.t.Helper()
-	if err := inNS(n.ns[ns], func() error { return listenUDP(n.t, network, addr, echo) }); err != nil {
+	if err := celltest.InNS(n.ns[ns], func() error { return listenUDP(n.t, network, addr, echo) }); err != nil {
 		n.t.Fatal(err)
 	}
 }
@@ -237,7 +238,7 @@ func TestPrivilegedNetworkPolicyPodWithoutPolicyForgesNothing(t *testing.T) {
 
 	// b's UDP flow from 7777 to the peer: tracked. x sends b errors about
 	// it; the peer sends one (it may: the connection is its).
-	if err := inNS(node.ns[node.podNS("b")], func() error {
+	if err := celltest.InNS(node.ns[node.podNS("b")], func() error {
 		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(podB), Port: 7777}, &net.UDPAddr{IP: net.ParseIP(policyPeerIP), Port: 9999})
 		if err != nil {
 			return err
@@ -255,7 +256,7 @@ func TestPrivilegedNetworkPolicyPodWithoutPolicyForgesNothing(t *testing.T) {
 	}
 	sendICMP(t, node.ns[node.peerNS()], false, podB, icmpUnreachable(flow), 0)
 	// The control: the peer's own datagram to b.
-	if err := inNS(node.ns[node.peerNS()], func() error {
+	if err := celltest.InNS(node.ns[node.peerNS()], func() error {
 		c, err := net.Dial("udp4", podB+":9999")
 		if err != nil {
 			return err

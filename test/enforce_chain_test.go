@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
 )
 
@@ -77,7 +78,7 @@ func TestPrivilegedNetworkPolicyFirstInTheChain(t *testing.T) {
 	id, _ := info.ID()
 	var foreign link.Link
 	start := time.Now()
-	err = inNS(node.ns[node.Node], func() (err error) {
+	err = celltest.InNS(node.ns[node.Node], func() (err error) {
 		foreign, err = link.AttachTCX(link.TCXOptions{Interface: dev.Attrs().Index, Program: prog, Attach: ebpf.AttachTCXEgress, Anchor: link.Head()})
 		return err
 	})

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,31 +104,11 @@ func (n *policyNode) recreatePod(name, device, ip string) {
 	n.wirePod(n.Node+"-"+name, device, ip)
 }
 
-// inNS runs f on a thread in ns; sockets made there stay in ns.
-func inNS(ns netns.NsHandle, f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		return err
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(fmt.Sprintf("cannot return to the test's netns: %s", err))
-		}
-	}()
-	return f()
-}
-
 // serve answers on every policy port of ip in the netns: TCP with "ok"
 // and the connection closed, UDP by echoing.
 func (n *policyNode) serve(name, ip string) {
 	n.t.Helper()
-	err := inNS(n.ns[name], func() error {
+	err := celltest.InNS(n.ns[name], func() error {
 		for _, port := range policyPorts {
 			addr := net.JoinHostPort(ip, strconv.Itoa(port))
 			if err := answerOK(n.t, "tcp4", addr); err != nil {
@@ -178,7 +157,7 @@ const probeTimeout = 250 * time.Millisecond
 // the server's answer (the SYN, the SYN-ACK and the data all pass).
 func (n *policyNode) connect(from, dst string, port int) bool {
 	var ok bool
-	inNS(n.ns[from], func() error {
+	celltest.InNS(n.ns[from], func() error {
 		c, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, strconv.Itoa(port)), probeTimeout)
 		if err != nil {
 			return err
@@ -196,7 +175,7 @@ func (n *policyNode) connect(from, dst string, port int) bool {
 // udp says whether a datagram from the netns to dst:port gets its echo.
 func (n *policyNode) udp(from, dst string, port int) bool {
 	var ok bool
-	inNS(n.ns[from], func() error {
+	celltest.InNS(n.ns[from], func() error {
 		c, err := net.Dial("udp4", net.JoinHostPort(dst, strconv.Itoa(port)))
 		if err != nil {
 			return err
@@ -217,7 +196,7 @@ func (n *policyNode) udp(from, dst string, port int) bool {
 // ping says whether an ICMP echo request from the netns to dst is answered.
 func (n *policyNode) ping(from, dst string) bool {
 	var ok bool
-	err := inNS(n.ns[from], func() error {
+	err := celltest.InNS(n.ns[from], func() error {
 		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		if err != nil {
 			return err

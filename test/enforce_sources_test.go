@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // udpCounter counts the datagrams that reach a UDP port of a netns, with
@@ -29,7 +30,7 @@ type udpCounter struct {
 func countUDP(t *testing.T, ns netns.NsHandle, addr string) *udpCounter {
 	t.Helper()
 	c := &udpCounter{}
-	if err := inNS(ns, func() error {
+	if err := celltest.InNS(ns, func() error {
 		l, err := net.ListenPacket("udp4", addr)
 		if err != nil {
 			return err
@@ -87,7 +88,7 @@ func (c *udpCounter) waitReceived(n int) int {
 // any) and sport (0 for any) to dst in ns.
 func sendUDP(t *testing.T, ns netns.NsHandle, src string, sport int, dst string, n int) {
 	t.Helper()
-	err := inNS(ns, func() error {
+	err := celltest.InNS(ns, func() error {
 		laddr := &net.UDPAddr{Port: sport}
 		if src != "" {
 			laddr.IP = net.ParseIP(src)
@@ -121,7 +122,7 @@ func flood(t *testing.T, ns netns.NsHandle, dst string) (stop func() int) {
 	ready := make(chan error, 1)
 	go func() {
 		n := 0
-		err := inNS(ns, func() error {
+		err := celltest.InNS(ns, func() error {
 			c, err := net.Dial("udp4", dst)
 			if err != nil {
 				ready <- err
@@ -153,7 +154,7 @@ func flood(t *testing.T, ns netns.NsHandle, dst string) (stop func() int) {
 func (n *policyNode) hostIfindex(device string) int {
 	n.t.Helper()
 	var index int
-	if err := inNS(n.ns[n.Node], func() error {
+	if err := celltest.InNS(n.ns[n.Node], func() error {
 		l, err := netlink.LinkByName(device)
 		if err != nil {
 			return err
@@ -233,7 +234,7 @@ func TestPrivilegedNetworkPolicyForgedSourceFromAPodWithoutPolicy(t *testing.T) 
 	a, _ := node.startAgent(map[string]string{
 		"b": policyEndpoint("b", podB, []string{"Ingress"}, []peRule{{cidr: podA + "/32"}}, nil),
 	})
-	waitAttached(a, 3) // every pod's device, x's too
+	waitAttached(a, 3)                 // every pod's device, x's too
 	time.Sleep(100 * time.Millisecond) // the bindings, derived with the attachment
 	got := countUDP(t, node.ns[node.podNS("b")], podB+":9999")
 	run(t, "ip", "-n", node.podNS("x"), "addr", "add", podA+"/32", "dev", "eth0")

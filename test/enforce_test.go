@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netns"
 )
 
@@ -401,7 +402,7 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 
 	// The peer counts what reaches it on UDP 9999.
 	var received atomic.Int64
-	if err := inNS(node.ns[node.peerNS()], func() error {
+	if err := celltest.InNS(node.ns[node.peerNS()], func() error {
 		c, err := net.ListenPacket("udp4", policyPeerIP+":9999")
 		if err != nil {
 			return err
@@ -422,7 +423,7 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 	}
 	send := func(from string) {
 		t.Helper()
-		err := inNS(node.ns[node.podNS("a")], func() error {
+		err := celltest.InNS(node.ns[node.podNS("a")], func() error {
 			c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(from)}, &net.UDPAddr{IP: net.ParseIP(policyPeerIP), Port: 9999})
 			if err != nil {
 				return err
@@ -446,7 +447,7 @@ func TestPrivilegedNetworkPolicyRefusesForgedSources(t *testing.T) {
 	send("10.0.0.99")
 	// b itself may send: the peer receives (and so would have received
 	// a's forged datagrams, had they passed).
-	if err := inNS(node.ns[node.podNS("b")], func() error {
+	if err := celltest.InNS(node.ns[node.podNS("b")], func() error {
 		c, err := net.Dial("udp4", policyPeerIP+":9999")
 		if err != nil {
 			return err
@@ -480,7 +481,7 @@ func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 
 	// v6 servers in the pod and the peer.
 	for ns, ip := range map[string]string{node.podNS("a"): pod6, node.peerNS(): peer6} {
-		if err := inNS(node.ns[ns], func() error {
+		if err := celltest.InNS(node.ns[ns], func() error {
 			for _, port := range []int{80, 81} {
 				if err := answerOK(t, "tcp6", net.JoinHostPort(ip, strconv.Itoa(port))); err != nil {
 					return err
@@ -493,7 +494,7 @@ func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 	}
 	connect6 := func(from, dst string, port int) bool {
 		var ok bool
-		inNS(node.ns[from], func() error {
+		celltest.InNS(node.ns[from], func() error {
 			c, err := net.DialTimeout("tcp6", net.JoinHostPort(dst, strconv.Itoa(port)), time.Second)
 			if err != nil {
 				return err
@@ -556,13 +557,13 @@ func TestPrivilegedNetworkPolicyOnEnimasqCNIPods(t *testing.T) {
 	}
 	hA, hB := handle(nsA), handle(nsB)
 	for _, port := range []int{80, 81} {
-		if err := inNS(hB, func() error { return answerOK(t, "tcp4", net.JoinHostPort(ipB, strconv.Itoa(port))) }); err != nil {
+		if err := celltest.InNS(hB, func() error { return answerOK(t, "tcp4", net.JoinHostPort(ipB, strconv.Itoa(port))) }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	connect := func(port int) bool {
 		var ok bool
-		inNS(hA, func() error {
+		celltest.InNS(hA, func() error {
 			c, err := net.DialTimeout("tcp4", net.JoinHostPort(ipB, strconv.Itoa(port)), probeTimeout)
 			if err != nil {
 				return err

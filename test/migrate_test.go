@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -27,7 +28,7 @@ import (
 func awsFilters(t *testing.T, n *policyNode, device string) map[string]ebpf.ProgramID {
 	t.Helper()
 	ids := map[string]ebpf.ProgramID{}
-	err := inNS(n.ns[n.Node], func() error {
+	err := celltest.InNS(n.ns[n.Node], func() error {
 		l, err := netlink.LinkByName(device)
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/sys/unix"
@@ -78,7 +79,7 @@ type podLink struct {
 func (n *policyNode) podLink(pod, device string) podLink {
 	n.t.Helper()
 	var l podLink
-	if err := inNS(n.ns[n.podNS(pod)], func() error {
+	if err := celltest.InNS(n.ns[n.podNS(pod)], func() error {
 		ifc, err := net.InterfaceByName("eth0")
 		if err != nil {
 			return err
@@ -88,7 +89,7 @@ func (n *policyNode) podLink(pod, device string) podLink {
 	}); err != nil {
 		n.t.Fatal(err)
 	}
-	if err := inNS(n.ns[n.Node], func() error {
+	if err := celltest.InNS(n.ns[n.Node], func() error {
 		ifc, err := net.InterfaceByName(device)
 		if err != nil {
 			return err
@@ -106,7 +107,7 @@ func (n *policyNode) podLink(pod, device string) podLink {
 // header linear (packet_snd), as the 6000-byte frames did.
 func (n *policyNode) sendFrames(pod string, l podLink, frames ...[]byte) {
 	n.t.Helper()
-	if err := inNS(n.ns[n.podNS(pod)], func() error {
+	if err := celltest.InNS(n.ns[n.podNS(pod)], func() error {
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
 		if err != nil {
 			return err
@@ -132,7 +133,7 @@ type counter struct{ n atomic.Int64 }
 func (n *policyNode) countUDP(ns, network, addr string) *counter {
 	n.t.Helper()
 	c := &counter{}
-	if err := inNS(n.ns[ns], func() error {
+	if err := celltest.InNS(n.ns[ns], func() error {
 		return listenUDP(n.t, network, addr, func(net.PacketConn, []byte, net.Addr) { c.n.Add(1) })
 	}); err != nil {
 		n.t.Fatal(err)
@@ -145,7 +146,7 @@ func (n *policyNode) countUDP(ns, network, addr string) *counter {
 func (n *policyNode) countICMP(ns, network string, typ byte, minLen int) *counter {
 	n.t.Helper()
 	c := &counter{}
-	if err := inNS(n.ns[ns], func() error {
+	if err := celltest.InNS(n.ns[ns], func() error {
 		l, err := icmp.ListenPacket(network, "")
 		if err != nil {
 			return err
@@ -189,7 +190,7 @@ func settle(t *testing.T, control *counter, want int64) {
 // netns to dst, with the hop limit given (0: the default).
 func sendICMP(t *testing.T, ns netns.NsHandle, v6 bool, dst string, msg []byte, hopLimit int) {
 	t.Helper()
-	if err := inNS(ns, func() error {
+	if err := celltest.InNS(ns, func() error {
 		network := "ip4:icmp"
 		if v6 {
 			network = "ip6:ipv6-icmp"

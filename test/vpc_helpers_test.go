@@ -180,7 +180,7 @@ func sendUDPFrom(nsName, dst string, n int) error {
 	}
 	defer target.Close()
 	var conn net.Conn
-	if err := inNS(target, func() (err error) {
+	if err := celltest.InNS(target, func() (err error) {
 		conn, err = net.Dial("udp4", net.JoinHostPort(dst, "9"))
 		return err
 	}); err != nil {

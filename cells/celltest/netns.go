@@ -43,3 +43,25 @@ func newNetNS() (netns.NsHandle, error) {
 	runtime.UnlockOSThread()
 	return ns, nil
 }
+
+// InNS runs f on a thread in ns (sockets made there stay in ns; tcx and
+// netlink ifindexes are ns's) and returns its error; the goroutine is back
+// in its netns after.
+func InNS(ns netns.NsHandle, f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("cannot return to the test's netns: %s", err))
+		}
+	}()
+	return f()
+}

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -79,24 +78,7 @@ func (e *tcxEnv) newOps() *ops {
 }
 
 // in runs f on a thread in the env's netns (tcx ifindexes are the netns').
-func (e *tcxEnv) in(f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(e.ns); err != nil {
-		return err
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(fmt.Sprintf("cannot return to the test's netns: %s", err))
-		}
-	}()
-	return f()
-}
+func (e *tcxEnv) in(f func() error) error { return celltest.InNS(e.ns, f) }
 
 // update is the reconciler's Update (a first attach or a refresh).
 func (e *tcxEnv) update(o *ops) error {
@@ -143,18 +125,7 @@ func (e *tcxEnv) position(h hook, id ebpf.ProgramID) int {
 }
 
 // pinnedLink is the ID of the link pinned for the side, 0 if none.
-func (e *tcxEnv) pinnedLink(h hook) link.ID {
-	l, err := link.LoadPinnedLink(e.ops.pinPath(e.att.Device, h), nil)
-	if err != nil {
-		return 0
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		return 0
-	}
-	return info.ID
-}
+func (e *tcxEnv) pinnedLink(h hook) link.ID { return pinnedLinkID(e.ops.pinPath(e.att.Device, h)) }
 
 // attachForeign attaches a program of another writer that returns
 // TCX_PASS (it ends the chain: nothing behind it runs) at anchor.
