@@ -28,7 +28,8 @@ import (
 func cleanup(t *testing.T, a *Agent, node string, extra ...string) (string, error) {
 	t.Helper()
 	args := append([]string{"netns", "exec", node, Build(t).Dbg, "--state-dir", a.StateDir, "cleanup",
-		"--bpf-root", a.BPFRoot, "--cilium-socket", filepath.Join(a.Dir, "no-cilium.sock")}, extra...)
+		"--bpf-root", a.BPFRoot, "--cilium-socket", filepath.Join(a.Dir, "no-cilium.sock"),
+		"--cni-conf-dir=", "--cni-bin-dir="}, extra...) // not this machine's CNI files
 	var out bytes.Buffer
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = &out, &out

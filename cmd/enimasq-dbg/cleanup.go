@@ -32,7 +32,16 @@ type cleanupOptions struct {
 	ciliumSocket string
 	keepIPMasq   bool
 	wait         time.Duration
+	// cniConfDir and cniBinDir hold what the DaemonSet's install-cni
+	// wrote: the conflist and the plugin ("" leaves them).
+	cniConfDir, cniBinDir string
 }
+
+// The files the DaemonSet installs for the kubelet's runtime.
+const (
+	cniConflist = "10-enimasq.conflist"
+	cniPlugin   = "enimasq-cni"
+)
 
 func cleanupCommand(o *options) *cobra.Command {
 	c := &cleanupOptions{}
@@ -44,7 +53,8 @@ links of the policy programs pinned in <bpf-root>/enimasq/links (detached
 and unpinned) and the rest of <bpf-root>/enimasq, the tc filters named
 enimasq-policy on every device, the enimasq_* maps pinned in
 <bpf-root>/tc/globals, the ip rules and routes with protocol 237, and the
-IPAM checkpoint in the state dir. Cilium's cilium_ipmasq_v4/v6 pins go
+IPAM checkpoint in the state dir, and the CNI conflist and plugin the
+DaemonSet installed (--cni-conf-dir, --cni-bin-dir). Cilium's cilium_ipmasq_v4/v6 pins go
 too, unless Cilium runs (its agent answers on --cilium-socket, a
 cilium-agent process runs, or a loaded program uses the map): then they
 are Cilium's and stay. Nothing of another writer is touched (rules and
@@ -63,6 +73,8 @@ idempotent: a second run finds nothing and succeeds.`,
 	cmd.Flags().StringVar(&c.ciliumSocket, "cilium-socket", "/var/run/cilium/cilium.sock", "Cilium agent's API socket: while it answers, Cilium's cilium_ipmasq_* pins stay")
 	cmd.Flags().BoolVar(&c.keepIPMasq, "keep-cilium-ipmasq-maps", false, "Keep the cilium_ipmasq_v4/v6 pins even when no Cilium runs")
 	cmd.Flags().DurationVar(&c.wait, "wait", 0, "Wait up to this long for a running agent to stop (0: refuse at once)")
+	cmd.Flags().StringVar(&c.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "Where the DaemonSet installed "+cniConflist+` ("": keep it)`)
+	cmd.Flags().StringVar(&c.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "Where the DaemonSet installed "+cniPlugin+` ("": keep it)`)
 	return cmd
 }
 
@@ -110,6 +122,7 @@ func runCleanup(w io.Writer, stateDir string, c *cleanupOptions) error {
 		nl.Close()
 	}
 	add(removeState(stateDir))
+	add(removeCNI(c.cniConfDir, c.cniBinDir))
 
 	for _, r := range removed {
 		fmt.Fprintln(w, "removed", r)
@@ -290,6 +303,25 @@ func ciliumRunning(socket, dir string, maps []string) string {
 		}
 	}
 	return ""
+}
+
+// removeCNI removes the conflist and the plugin that the DaemonSet's
+// install-cni wrote, and nothing else of those directories.
+func removeCNI(confDir, binDir string) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, path := range []string{filepath.Join(confDir, cniConflist), filepath.Join(binDir, cniPlugin)} {
+		if filepath.Dir(path) == "." {
+			continue // the directory is ""
+		}
+		switch err := os.Remove(path); {
+		case err == nil:
+			removed = append(removed, path)
+		case !errors.Is(err, fs.ErrNotExist):
+			errs = append(errs, err)
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // removeState removes the IPAM checkpoint (and a crashed write's
