@@ -110,16 +110,12 @@ func waitDevicesDone(a *Agent, ip string) {
 
 func TestPrivilegedCleanupLeavesNothingOfEnimasq(t *testing.T) {
 	topo := newVPCTopology(t)
-	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
-		dir := filepath.Join(a.Dir, "policyendpoints")
-		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
-		a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir)
-	})
+	a, pes := cniPolicyAgent(t, topo)
 	cni := newCNIRuntime(t, topo, a.APISocket())
 	nsA, nsB := cni.newPod("client"), cni.newPod("server")
 	ipA, ipB := cni.add(nsA, "client"), cni.add(nsB, "server")
 	pe := policyEndpoint("server", ipB, []string{"Ingress"}, []peRule{{cidr: ipA + "/32", ports: []string{"TCP 80"}}}, nil)
-	WriteFileAtomic(t, filepath.Join(a.Dir, "policyendpoints", "server.yaml"), strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10"))
+	WriteFileAtomic(t, filepath.Join(pes, "server.yaml"), onCNINode(pe))
 	waitDevicesDone(a, ipB)
 
 	// Another writer's rule, route and tc filter stay.

@@ -92,28 +92,13 @@ func TestPrivilegedNetworkPolicyFirstInTheChain(t *testing.T) {
 	named := func(out string) bool {
 		return strings.Contains(out, fmt.Sprintf("program %d %q", id, "foreign_pass")) && strings.Contains(out, "on the egress")
 	}
-	stop, leaked := make(chan struct{}), make(chan int)
-	go func() {
-		n := 0
-		for {
-			select {
-			case <-stop:
-				leaked <- n
-				return
-			default:
-			}
-			if reached() {
-				n++
-			}
-		}
-	}()
+	leaked := countReachedUntil(reached)
 	a.WaitFor("the row Error naming the foreign program", func() bool {
 		out := a.MustDbg("shell", "--", "db/show", "policy-attachments")
 		return strings.Contains(out, "Error") && named(out)
 	})
-	close(stop)
 	t.Logf("foreign program ahead: the row Error after %s, %d connections got in before the check",
-		time.Since(start).Round(time.Millisecond), <-leaked)
+		time.Since(start).Round(time.Millisecond), leaked())
 	a.WaitFor("health Degraded naming the foreign program", func() bool {
 		out, _, _ := a.Dbg("health")
 		return strings.Contains(out, "Degraded") && named(out)

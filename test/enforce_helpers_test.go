@@ -64,12 +64,7 @@ func (n *policyNode) addNS(name string) {
 	n.t.Helper()
 	run(n.t, "ip", "netns", "add", name)
 	n.t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	n.t.Cleanup(func() { ns.Close() })
-	n.ns[name] = ns
+	n.ns[name] = nsHandle(n.t, name)
 	run(n.t, "ip", "-n", name, "link", "set", "lo", "up")
 }
 
@@ -156,8 +151,14 @@ const probeTimeout = 250 * time.Millisecond
 // connect says whether a TCP connection from the netns to dst:port gets
 // the server's answer (the SYN, the SYN-ACK and the data all pass).
 func (n *policyNode) connect(from, dst string, port int) bool {
+	return connectTCP(n.ns[from], dst, port)
+}
+
+// connectTCP says whether a TCP connection from ns to dst:port gets the
+// answer of answerOK (the SYN, the SYN-ACK and the data all pass).
+func connectTCP(ns netns.NsHandle, dst string, port int) bool {
 	var ok bool
-	celltest.InNS(n.ns[from], func() error {
+	celltest.InNS(ns, func() error {
 		c, err := net.DialTimeout("tcp4", net.JoinHostPort(dst, strconv.Itoa(port)), probeTimeout)
 		if err != nil {
 			return err
@@ -170,6 +171,30 @@ func (n *policyNode) connect(from, dst string, port int) bool {
 		return nil
 	})
 	return ok
+}
+
+// countReachedUntil calls reached over and over until stop, which returns how
+// many of the calls were true (connections that got in meanwhile).
+func countReachedUntil(reached func() bool) (stop func() int) {
+	done, count := make(chan struct{}), make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-done:
+				count <- n
+				return
+			default:
+			}
+			if reached() {
+				n++
+			}
+		}
+	}()
+	return func() int {
+		close(done)
+		return <-count
+	}
 }
 
 // udp says whether a datagram from the netns to dst:port gets its echo.
@@ -283,8 +308,17 @@ func answerOK(t *testing.T, network, addr string) error {
 
 // startAgent starts an agent in the node's netns on a directory of the
 // PolicyEndpoints given (file name without .yaml -> content), IPv4 only
-// unless extra says otherwise, and returns it with the directory.
+// unless extra says otherwise, and returns it with the directory once it
+// is healthy.
 func (n *policyNode) startAgent(pes map[string]string, extra ...string) (*Agent, string) {
+	n.t.Helper()
+	a, dir := n.launchAgent(pes, extra...)
+	a.WaitHealthy()
+	return a, dir
+}
+
+// launchAgent is startAgent without the wait for health.
+func (n *policyNode) launchAgent(pes map[string]string, extra ...string) (*Agent, string) {
 	n.t.Helper()
 	a := NewAgent(n.t)
 	a.NetNSName = n.Node
@@ -294,8 +328,38 @@ func (n *policyNode) startAgent(pes map[string]string, extra ...string) (*Agent,
 	}
 	a.Args = append(a.Args, append([]string{"--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false"}, extra...)...)
 	a.Start()
-	a.WaitHealthy()
 	return a, dir
+}
+
+// nsHandle opens the named netns, closed at cleanup.
+func nsHandle(t *testing.T, name string) netns.NsHandle {
+	t.Helper()
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+// cniPolicyAgent is cniAgent on the sample CiliumNode and ip-masq-agent
+// config with network policy on, from a PolicyEndpoint directory (returned)
+// empty at start; extra are more of the agent's flags.
+func cniPolicyAgent(t *testing.T, topo *vpcTopology, extra ...string) (*Agent, string) {
+	t.Helper()
+	var dir string
+	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
+		dir = filepath.Join(a.Dir, "policyendpoints")
+		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
+		a.Args = append(append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir), extra...)
+	})
+	return a, dir
+}
+
+// onCNINode is a PolicyEndpoint of policyEndpoint for the VPC topology's
+// node (its hostIP) instead of the policy node's.
+func onCNINode(pe string) string {
+	return strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10")
 }
 
 // waitAttached waits until n pod devices carry the programs (their rows of

@@ -408,36 +408,22 @@ func (n *policyNode) wireAtOnce(pod, device, ip string) time.Time {
 // made receives nothing (strict mode denies it), from its first packet.
 func TestPrivilegedNetworkPolicyEnimasqCNIPodDeniedFromItsFirstPacket(t *testing.T) {
 	topo := newVPCTopology(t)
-	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
-		dir := filepath.Join(a.Dir, "policyendpoints")
-		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
-		a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--network-policy-enforcing-mode=strict")
-	})
-	pes := filepath.Join(a.Dir, "policyendpoints")
+	a, pes := cniPolicyAgent(t, topo, "--network-policy-enforcing-mode=strict")
 	cni := newCNIRuntime(t, topo, a.APISocket())
-	handle := func(name string) netns.NsHandle {
-		ns, err := netns.GetFromName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ns.Close() })
-		return ns
-	}
-	onNode := func(pe string) string { return strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10") }
 
 	// The sender may send anywhere.
 	nsPeer := cni.newPod("sender")
 	ipPeer := cni.add(nsPeer, "sender")
 	WriteFileAtomic(t, filepath.Join(pes, "sender.yaml"),
-		onNode(policyEndpoint("sender", ipPeer, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}})))
+		onCNINode(policyEndpoint("sender", ipPeer, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}})))
 	// The IP the next pod gets: the lowest free one, this probe's.
 	nsProbe := cni.newPod("probe")
 	ip := cni.add(nsProbe, "probe")
 	cni.del(nsProbe, "probe")
 
 	nsTarget := cni.newPod("target")
-	got := countUDP(t, handle(nsTarget), "0.0.0.0:9999")
-	stop := flood(t, handle(nsPeer), ip+":9999")
+	got := countUDP(t, nsHandle(t, nsTarget), "0.0.0.0:9999")
+	stop := flood(t, nsHandle(t, nsPeer), ip+":9999")
 	time.Sleep(20 * time.Millisecond)
 	if got := cni.add(nsTarget, "target"); got != ip {
 		t.Fatalf("the target got %s, not the probe's %s", got, ip)
@@ -455,10 +441,10 @@ func TestPrivilegedNetworkPolicyEnimasqCNIPodDeniedFromItsFirstPacket(t *testing
 	// Its policy admits the sender: the datagrams reach it (the flood
 	// and the count work).
 	WriteFileAtomic(t, filepath.Join(pes, "target.yaml"),
-		onNode(policyEndpoint("target", ip, []string{"Ingress"}, []peRule{{cidr: ipPeer + "/32"}}, nil)))
+		onCNINode(policyEndpoint("target", ip, []string{"Ingress"}, []peRule{{cidr: ipPeer + "/32"}}, nil)))
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got.received()) == 0 && time.Now().Before(deadline) {
-		sendUDP(t, handle(nsPeer), "", 0, ip+":9999", 1)
+		sendUDP(t, nsHandle(t, nsPeer), "", 0, ip+":9999", 1)
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(got.received()) == 0 {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/enimasq/enimasq/cells/celltest"
-	"github.com/vishvananda/netns"
 )
 
 // peRule is an ingress or egress rule of a PolicyEndpoint.
@@ -295,30 +294,14 @@ func TestPrivilegedNetworkPolicyEnforcementSurvives(t *testing.T) {
 	enforcingWithin("programs detached by hand", 2*time.Second)
 
 	// Kill -9 and restart while the peer keeps trying.
-	stop := make(chan struct{})
-	leaked := make(chan int, 1)
-	go func() {
-		n := 0
-		for {
-			select {
-			case <-stop:
-				leaked <- n
-				return
-			default:
-			}
-			if reached() {
-				n++
-			}
-		}
-	}()
+	leaked := countReachedUntil(reached)
 	ns := a.NetNS()
 	a.Kill9()
 	time.Sleep(500 * time.Millisecond) // some tries with no agent at all
 	a.StartInNetNS(ns)
 	a.WaitHealthy()
 	waitAttached(a, 1)
-	close(stop)
-	if n := <-leaked; n > 0 {
+	if n := leaked(); n > 0 {
 		t.Errorf("%d connections the policy denies passed during the restart", n)
 	}
 	enforcingWithin("after the restart", time.Second)
@@ -539,52 +522,24 @@ func TestPrivilegedNetworkPolicyIPv6(t *testing.T) {
 // selecting one pod is enforced between the two.
 func TestPrivilegedNetworkPolicyOnEnimasqCNIPods(t *testing.T) {
 	topo := newVPCTopology(t)
-	a, _ := cniAgent(t, topo, sample(t, "ciliumnode.yaml"), sample(t, "ip-masq-agent.yaml"), func(a *Agent) {
-		dir := filepath.Join(a.Dir, "policyendpoints")
-		WriteFileAtomic(t, filepath.Join(dir, ".keep"), "")
-		a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir)
-	})
+	a, pes := cniPolicyAgent(t, topo)
 	cni := newCNIRuntime(t, topo, a.APISocket())
 	nsA, nsB := cni.newPod("client"), cni.newPod("server")
 	ipA, ipB := cni.add(nsA, "client"), cni.add(nsB, "server")
-	handle := func(name string) netns.NsHandle {
-		ns, err := netns.GetFromName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ns.Close() })
-		return ns
-	}
-	hA, hB := handle(nsA), handle(nsB)
+	hA, hB := nsHandle(t, nsA), nsHandle(t, nsB)
 	for _, port := range []int{80, 81} {
 		if err := celltest.InNS(hB, func() error { return answerOK(t, "tcp4", net.JoinHostPort(ipB, strconv.Itoa(port))) }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	connect := func(port int) bool {
-		var ok bool
-		celltest.InNS(hA, func() error {
-			c, err := net.DialTimeout("tcp4", net.JoinHostPort(ipB, strconv.Itoa(port)), probeTimeout)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(probeTimeout))
-			buf := make([]byte, 2)
-			_, err = c.Read(buf)
-			ok = err == nil && string(buf) == "ok"
-			return nil
-		})
-		return ok
-	}
+	connect := func(port int) bool { return connectTCP(hA, ipB, port) }
 	if !connect(80) || !connect(81) {
 		t.Fatal("the CNI's pods do not reach each other without a policy")
 	}
 
 	// The server admits the client on TCP 80 only.
 	pe := policyEndpoint("server", ipB, []string{"Ingress"}, []peRule{{cidr: ipA + "/32", ports: []string{"TCP 80"}}}, nil)
-	pe = strings.ReplaceAll(pe, "hostIP: "+policyNodeIP, "hostIP: 10.130.0.10")
-	WriteFileAtomic(t, filepath.Join(a.Dir, "policyendpoints", "server.yaml"), pe)
+	WriteFileAtomic(t, filepath.Join(pes, "server.yaml"), onCNINode(pe))
 	waitAttached(a, 2) // both pods' devices carry the programs
 	deadline := time.Now().Add(5 * time.Second)
 	for connect(81) && time.Now().Before(deadline) {

@@ -25,15 +25,7 @@ func v150PolicyEndpoint(name, pod string, cidr, port string) string {
 // file: the agent answers /healthz, Degraded, instead of healthy.
 func (n *policyNode) startDegradedAgent(pes map[string]string) (*Agent, string) {
 	n.t.Helper()
-	a := NewAgent(n.t)
-	a.NetNSName = n.Node
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	for name, pe := range pes {
-		WriteFileAtomic(n.t, filepath.Join(dir, name+".yaml"), pe)
-	}
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
-	return a, dir
+	return n.launchAgent(pes)
 }
 
 // TestPrivilegedNetworkPolicyFailsClosed: the agent starts on a good

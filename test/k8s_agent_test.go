@@ -9,10 +9,10 @@ import (
 	"github.com/enimasq/enimasq/test/k8stest"
 )
 
-// An agent restarted while the API server is down leaves the kernel state
-// as it is (no pruning on missing input) until its sources have synced, then
-// converges to what changed meanwhile.
-func TestPrivilegedAgentRestartWhileAPIServerDown(t *testing.T) {
+// k8sPolicyAgent starts an API server holding the sample CiliumNode and a
+// PolicyEndpoint, and a healthy agent with network policy that reads them.
+func k8sPolicyAgent(t *testing.T) (*k8stest.Cluster, *Agent) {
+	t.Helper()
 	c := k8stest.Start(t)
 	c.ApplyFile(t, filepath.Join("testdata", "samples", "ciliumnode.yaml"))
 	c.ApplyFile(t, filepath.Join("testdata", "samples", "policyendpoint-v6-except.yaml"))
@@ -23,6 +23,14 @@ func TestPrivilegedAgentRestartWhileAPIServerDown(t *testing.T) {
 		"--k8s-node-name", "ip-10-130-0-10.ec2.internal", "--enable-network-policy")
 	a.Start()
 	a.WaitHealthy()
+	return c, a
+}
+
+// An agent restarted while the API server is down leaves the kernel state
+// as it is (no pruning on missing input) until its sources have synced, then
+// converges to what changed meanwhile.
+func TestPrivilegedAgentRestartWhileAPIServerDown(t *testing.T) {
+	c, a := k8sPolicyAgent(t)
 
 	list := func() string {
 		out, _, _ := a.Dbg("bpf", "--bpf-root", a.BPFRoot, "policy", "list")

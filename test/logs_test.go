@@ -1,13 +1,10 @@
 package test
 
 import (
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // At the default log level a start and a stop log no line per hook: the
@@ -57,16 +54,7 @@ func TestPrivilegedAgentLogsJSON(t *testing.T) {
 // failed stop hook) within 5 s, and client-go's retries log each distinct
 // error once, as a bad file is.
 func TestPrivilegedAgentStopsCleanlyDuringAPIServerOutage(t *testing.T) {
-	c := k8stest.Start(t)
-	c.ApplyFile(t, filepath.Join("testdata", "samples", "ciliumnode.yaml"))
-	c.ApplyFile(t, filepath.Join("testdata", "samples", "policyendpoint-v6-except.yaml"))
-
-	a := NewAgent(t)
-	a.HostNetwork = true // the API server listens on this netns's loopback
-	a.Args = append(a.Args, "--k8s-kubeconfig-path", c.Kubeconfig,
-		"--k8s-node-name", "ip-10-130-0-10.ec2.internal", "--enable-network-policy")
-	a.Start()
-	a.WaitHealthy()
+	c, a := k8sPolicyAgent(t)
 
 	c.StopAPIServer(t)
 	a.WaitFor("API server outage in health", func() bool {
