@@ -9,9 +9,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/bpffake"
-	"golang.org/x/sys/unix"
 )
 
 var (

@@ -14,10 +14,11 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/datapath"
-	"golang.org/x/sys/unix"
 )
 
 // Concurrent requests: every owner gets one IP, no IP goes to two owners,

@@ -9,9 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/datapath"
-	"golang.org/x/sys/unix"
 )
 
 // post allocates for an attachment of shop/db-0 and returns the IP.

@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/cilium/statedb"
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/datapath"
-	"golang.org/x/sys/unix"
 )
 
 // Adding a non-masquerade CIDR under running pods adds exactly one rule per

@@ -19,8 +19,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // cleanup runs enimasq-dbg cleanup in the node's netns on the agent's

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/enimasq/enimasq/cells/celltest"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // The attacker's tests: pods with CAP_NET_RAW sending what a well-behaved

@@ -13,8 +13,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // Others' programs and enimasq's pins: deleting the link pins lets no

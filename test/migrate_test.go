@@ -13,9 +13,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // awsFilters installs the AWS network policy agent's tc filters on the

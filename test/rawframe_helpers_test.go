@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // The raw frames of the attacker tests: what a pod with CAP_NET_RAW can

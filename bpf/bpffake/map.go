@@ -9,8 +9,9 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/enimasq/enimasq/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/bpf"
 )
 
 // FakeMap is an in-memory stand-in for an LPM trie with the kernel's error

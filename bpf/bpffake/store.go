@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/enimasq/enimasq/bpf"
 )
 

@@ -10,10 +10,11 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-	"github.com/spf13/cobra"
 )
 
 // apiDo sends a request with a JSON body to the agent API and decodes a

@@ -18,8 +18,8 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
 
 // verdictArgs are the flags of one query.

@@ -2,8 +2,9 @@ package allocations
 
 import (
 	"github.com/cilium/statedb"
-	"github.com/enimasq/enimasq/ipam/ciliumnode"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/enimasq/enimasq/ipam/ciliumnode"
 )
 
 // poolIPs is enimasq_ipam_ips{eni, type}: per usable ENI, the IPs of its

@@ -6,9 +6,10 @@ import (
 	"net/netip"
 	"slices"
 
+	"go4.org/netipx"
+
 	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-	"go4.org/netipx"
 )
 
 // CoalesceCIDRs is the smallest set of prefixes that covers exactly the

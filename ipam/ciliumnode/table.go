@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cilium/statedb"
+
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/nldump"
 	"log/slog"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/nldump"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"

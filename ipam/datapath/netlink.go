@@ -3,10 +3,11 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/nldump"
 	"net"
 	"net/netip"
 	"slices"
+
+	"github.com/enimasq/enimasq/cells/nldump"
 
 	"github.com/cilium/hive/cell"
 	"github.com/vishvananda/netlink"

@@ -9,10 +9,11 @@ import (
 	"slices"
 
 	"github.com/cilium/statedb"
-	"github.com/enimasq/enimasq/cells/nldump"
-	"github.com/enimasq/enimasq/ipam/ciliumnode"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/nldump"
+	"github.com/enimasq/enimasq/ipam/ciliumnode"
 )
 
 // ownsRule says whether a kernel rule is one that enimasq writes and may

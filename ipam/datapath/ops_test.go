@@ -9,10 +9,11 @@ import (
 	"testing"
 
 	"github.com/cilium/statedb"
-	"github.com/enimasq/enimasq/cells/celltest"
-	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 // With the CNI's ingress rules and a shared protocol (the Cilium build),

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/enimasq/enimasq/cells/nldump"
 	"iter"
 	"net/netip"
+
+	"github.com/enimasq/enimasq/cells/nldump"
 
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"

@@ -5,10 +5,11 @@ import (
 	"net/netip"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/ciliumnode"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
-	"golang.org/x/sys/unix"
 )
 
 // This file is the pure part of the datapath: from the ENIs, the

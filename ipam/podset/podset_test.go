@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/statedb"
+
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/ciliumnode"
 )

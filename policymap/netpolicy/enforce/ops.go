@@ -12,10 +12,11 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
-	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/cells/nldump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nldump"
 )
 
 // hook is one side of a pod's device: the program that runs there and how

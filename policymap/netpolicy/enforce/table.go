@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
