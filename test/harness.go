@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,6 +95,9 @@ type Agent struct {
 	// NetNSName, when set, is the named network namespace (ip netns) the agent
 	// runs in; otherwise it gets a fresh anonymous one.
 	NetNSName string
+	// Wrap, when set, is the command the agent runs under (setpriv
+	// dropping capabilities, say), its arguments first.
+	Wrap []string
 	// HostNetwork runs the agent in the test's own network namespace (to
 	// reach an API server on the test's loopback).
 	HostNetwork bool
@@ -141,13 +145,14 @@ func StartAgent(t testing.TB, args ...string) *Agent {
 func (a *Agent) Command(extra ...string) *exec.Cmd {
 	args := append([]string{"--state-dir", a.StateDir, "--bpf-root", a.BPFRoot}, a.Args...)
 	args = append(args, extra...)
+	argv := append(append(slices.Clone(a.Wrap), a.bin.Agent), args...)
 	if a.NetNSName != "" {
 		// ip netns exec execs the agent: the PID stays the agent's.
-		cmd := exec.Command("ip", append([]string{"netns", "exec", a.NetNSName, a.bin.Agent}, args...)...)
+		cmd := exec.Command("ip", append([]string{"netns", "exec", a.NetNSName}, argv...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		return cmd
 	}
-	cmd := exec.Command(a.bin.Agent, args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if !a.HostNetwork {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET

@@ -66,10 +66,11 @@ func newAgentCommand(stdout, stderr io.Writer) (*cobra.Command, *hive.Hive) {
 			// client-go logs through klog: route it to the same logger.
 			// Each of its retry errors is logged once, as a file's error.
 			klog.SetSlogLogger(k8sclient.Logger(log.With("subsys", "client-go")))
-			// Sockets (also hive's shell socket, which this process does not
-			// create itself) and files are 0600; directories the agent
-			// creates are chmod'ed to 0700 explicitly.
-			syscall.Umask(0o177)
+			// Files are 0600 and directories 0700 (the sockets are chmod'ed
+			// to 0600 as they are made, in directories that are 0700). Not
+			// 0177: a directory made 0600 cannot be entered without
+			// CAP_DAC_OVERRIDE, which the DaemonSet's agent does not have.
+			syscall.Umask(0o077)
 			// hive.Run listens for signals only once the start is done: a
 			// SIGTERM during the start (the kubelet stopping a pod that is
 			// still coming up) would kill the process where it stands. Caught
