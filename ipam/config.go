@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/retryflags"
+
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
@@ -47,9 +49,13 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Duration("ciliumnode-resync-interval", def.CiliumNodeResync, "Re-read the CiliumNode file this often, in case a file event was missed")
 	flags.Duration("ciliumnode-loss-grace", def.CiliumNodeLossGrace, "Keep an ENI, or pool IPs of one, that leave the CiliumNode this long before their pods' rules and routes go (a CiliumNode briefly cut short costs no running pod its rules); 0: at once")
 	flags.String("eni-egress-rule-mode", def.ENIEgressRuleMode, `Pod egress ip rules: "cidr" (one rule per CIDR of the allocation result) or "all" (one rule for all destinations)`)
-	flags.Duration("eni-netlink-retry-min", def.ENINetlinkRetryMin, "Backoff before the first retry of a failed ip rule or route")
-	flags.Duration("eni-netlink-retry-max", def.ENINetlinkRetryMax, "Longest backoff between retries of a failed ip rule or route")
-	flags.Duration("eni-netlink-refresh-interval", def.ENINetlinkRefreshPeriod, "Re-add every ip rule and route and delete unknown ones of enimasq's protocol this often (drift repair)")
+	retryflags.Declare(flags, "eni-netlink", "ip rule or route", "Re-add every ip rule and route and delete unknown ones of enimasq's protocol",
+		def.netlinkRetry())
+}
+
+// netlinkRetry are the rule and route reconcilers' retry and refresh flags.
+func (c Config) netlinkRetry() retryflags.Values {
+	return retryflags.Values{RetryMin: c.ENINetlinkRetryMin, RetryMax: c.ENINetlinkRetryMax, Refresh: c.ENINetlinkRefreshPeriod}
 }
 
 // Settings are the settings of the parts, from the flags and the node's
@@ -165,10 +171,8 @@ func validate(c Config) error {
 		return fmt.Errorf("--ciliumnode-loss-grace %s: must not be negative", c.CiliumNodeLossGrace)
 	case c.CiliumNodeResync <= 0:
 		return fmt.Errorf("--ciliumnode-resync-interval %s: must be positive", c.CiliumNodeResync)
-	case c.ENINetlinkRetryMin <= 0 || c.ENINetlinkRetryMax < c.ENINetlinkRetryMin:
-		return fmt.Errorf("--eni-netlink-retry-min %s and --eni-netlink-retry-max %s: want 0 < min <= max", c.ENINetlinkRetryMin, c.ENINetlinkRetryMax)
-	case c.ENINetlinkRefreshPeriod <= 0:
-		return fmt.Errorf("--eni-netlink-refresh-interval %s: must be positive", c.ENINetlinkRefreshPeriod)
+	case c.netlinkRetry().Validate("eni-netlink") != nil:
+		return c.netlinkRetry().Validate("eni-netlink")
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/retryflags"
+
 	"github.com/spf13/pflag"
 )
 
@@ -24,20 +26,18 @@ var DefaultConfig = Config{
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.Duration("bpf-map-retry-min", def.BPFMapRetryMin, "Backoff before the first retry of a failed BPF map entry")
-	flags.Duration("bpf-map-retry-max", def.BPFMapRetryMax, "Longest backoff between retries of a failed BPF map entry")
-	flags.Duration("bpf-map-refresh-interval", def.BPFMapRefreshInterval, "Rewrite every BPF map entry and delete unknown ones this often (drift repair)")
+	retryflags.Declare(flags, "bpf-map", "BPF map entry", "Rewrite every BPF map entry and delete unknown ones",
+		retryflags.Values{RetryMin: def.BPFMapRetryMin, RetryMax: def.BPFMapRetryMax, Refresh: def.BPFMapRefreshInterval})
 	flags.Float64("bpf-map-fault-probability", def.BPFMapFaultProbability, "Testing only: make this fraction of BPF map operations fail")
 	flags.MarkHidden("bpf-map-fault-probability")
 }
 
 // Validate checks the flags; every map feature calls it at registration.
 func (c Config) Validate() error {
+	retry := retryflags.Values{RetryMin: c.BPFMapRetryMin, RetryMax: c.BPFMapRetryMax, Refresh: c.BPFMapRefreshInterval}
 	switch {
-	case c.BPFMapRetryMin <= 0 || c.BPFMapRetryMax < c.BPFMapRetryMin:
-		return fmt.Errorf("--bpf-map-retry-min %s and --bpf-map-retry-max %s: want 0 < min <= max", c.BPFMapRetryMin, c.BPFMapRetryMax)
-	case c.BPFMapRefreshInterval <= 0:
-		return fmt.Errorf("--bpf-map-refresh-interval %s: must be positive", c.BPFMapRefreshInterval)
+	case retry.Validate("bpf-map") != nil:
+		return retry.Validate("bpf-map")
 	case c.BPFMapFaultProbability < 0 || c.BPFMapFaultProbability > 1:
 		return fmt.Errorf("--bpf-map-fault-probability %g: want 0..1", c.BPFMapFaultProbability)
 	}
