@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"time"
 
+	"go4.org/netipx"
+
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -45,8 +47,9 @@ func gatewayFor(addr netip.Addr) netip.Addr {
 	return podGatewayV6
 }
 
+// hostPrefix is addr's host route prefix (/32, /128) for netlink.
 func hostPrefix(addr netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(addr.BitLen(), addr.BitLen())}
+	return netipx.PrefixIPNet(netip.PrefixFrom(addr, addr.BitLen()))
 }
 
 // netConf is the prologue of every command: the network configuration.

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"go4.org/netipx"
+
 	"github.com/enimasq/enimasq/cells/nldump"
 
 	"github.com/cilium/hive/cell"
@@ -103,20 +105,14 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 	return &nlHandle{Netlink: h, families: fams, changes: kernelChanges{}}, nil
 }
 
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
+// fromIPNet is the prefix of a netlink selector, zero for none (IPv4
+// written as IPv4-mapped IPv6 comes back as IPv4).
 func fromIPNet(n *net.IPNet) netip.Prefix {
 	if n == nil {
 		return netip.Prefix{}
 	}
-	addr, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}
-	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(addr.Unmap(), ones)
+	p, _ := netipx.FromStdIPNet(n)
+	return p
 }
 
 func isGone(err error) bool {
@@ -132,10 +128,10 @@ func netlinkRule(k RuleKey, family, protocol int) *netlink.Rule {
 	r.Table = k.Table
 	r.Protocol = uint8(protocol)
 	if k.From.IsValid() {
-		r.Src = ipNet(k.From)
+		r.Src = netipx.PrefixIPNet(k.From)
 	}
 	if k.To.IsValid() {
-		r.Dst = ipNet(k.To)
+		r.Dst = netipx.PrefixIPNet(k.To)
 	}
 	return r
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"go4.org/netipx"
+
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -44,10 +46,10 @@ func TestPrivilegedPruneEmbeddingAgentRules(t *testing.T) {
 		r := netlink.NewRule()
 		r.Priority, r.Family, r.Table, r.Protocol = prio, unix.AF_INET, table, uint8(proto)
 		if from.IsValid() {
-			r.Src = ipNet(from)
+			r.Src = netipx.PrefixIPNet(from)
 		}
 		if to.IsValid() {
-			r.Dst = ipNet(to)
+			r.Dst = netipx.PrefixIPNet(to)
 		}
 		if err := h.RuleAdd(r); err != nil {
 			t.Fatalf("rule %d %s %s: %s", prio, from, to, err)

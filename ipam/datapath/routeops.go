@@ -7,6 +7,8 @@ import (
 	"iter"
 	"net/netip"
 
+	"go4.org/netipx"
+
 	"github.com/enimasq/enimasq/cells/nldump"
 
 	"github.com/cilium/statedb"
@@ -42,7 +44,7 @@ func (o *routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 	nr := &netlink.Route{
 		Family:    r.Family(),
 		Table:     r.Table,
-		Dst:       ipNet(r.Dst),
+		Dst:       netipx.PrefixIPNet(r.Dst),
 		LinkIndex: link.Attrs().Index,
 		Protocol:  RTProto,
 		Scope:     netlink.SCOPE_UNIVERSE,
@@ -76,7 +78,7 @@ func (o *routeOps) deleteRoute(k RouteKey) error {
 	err := o.nl.RouteDel(&netlink.Route{
 		Family:   addrFamily(k.Dst.Addr()),
 		Table:    k.Table,
-		Dst:      ipNet(k.Dst),
+		Dst:      netipx.PrefixIPNet(k.Dst),
 		Protocol: RTProto,
 		Scope:    netlink.SCOPE_NOWHERE,
 	})
