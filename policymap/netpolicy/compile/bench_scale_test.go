@@ -207,16 +207,8 @@ func BenchmarkPolicySmallDuringLargeCompile(b *testing.B) {
 // waitSettled waits until the deriver reports its work written.
 func (f *deriverFixture) waitSettled(tb testing.TB) {
 	tb.Helper()
-	deadline := time.After(60 * time.Second)
-	for {
+	celltest.Await(tb, 60*time.Second, func() (bool, <-chan struct{}, string) {
 		last, changed := f.health.Watch()
-		if strings.Contains(last, "entries written") {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			tb.Fatalf("the deriver did not settle: %q", last)
-		}
-	}
+		return strings.Contains(last, "entries written"), changed, fmt.Sprintf("the deriver did not settle: %q", last)
+	})
 }

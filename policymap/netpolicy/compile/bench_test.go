@@ -158,27 +158,21 @@ func BenchmarkPolicyCompile(b *testing.B) {
 // reconciler has applied them all without failure.
 func (h *policyHarness) waitAllDone(n int) {
 	h.tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for {
+	celltest.Await(h.tb, 60*time.Second, func() (bool, <-chan struct{}, string) {
 		txn := h.db.ReadTxn()
 		_, watch := h.entries.AllWatch(txn)
-		if h.entries.NumObjects(txn) == n {
-			rev := h.entries.Revision(txn)
-			_, low, err := h.state.reconciler.WaitUntilReconciled(ctx, rev)
-			if err != nil {
-				h.tb.Fatalf("wait for revision %d: %v", rev, err)
-			}
-			if low != 0 && low <= rev {
-				h.tb.Fatalf("entries from revision %d failed", low)
-			}
-			return
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			h.tb.Fatalf("%d entries, want %d", h.entries.NumObjects(txn), n)
-		}
+		got := h.entries.NumObjects(txn)
+		return got == n, watch, fmt.Sprintf("%d entries, want %d", got, n)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rev := h.entries.Revision(h.db.ReadTxn())
+	_, low, err := h.state.reconciler.WaitUntilReconciled(ctx, rev)
+	if err != nil {
+		h.tb.Fatalf("wait for revision %d: %v", rev, err)
+	}
+	if low != 0 && low <= rev {
+		h.tb.Fatalf("entries from revision %d failed", low)
 	}
 }
 
@@ -279,23 +273,15 @@ func (h *policyHarness) waitPod(pod netip.Addr, want []*PolicyMapEntry) {
 	for _, e := range want {
 		wantIDs[entryID(e)] = true
 	}
-	deadline := time.After(30 * time.Second)
-	for {
+	celltest.Await(h.tb, 30*time.Second, func() (bool, <-chan struct{}, string) {
 		iter, watch := h.entries.PrefixWatch(h.db.ReadTxn(), PodEntries(pod))
 		n, ok := 0, true
 		for e := range iter {
 			n++
 			ok = ok && wantIDs[entryID(e)] && e.Status.Kind == reconciler.StatusKindDone
 		}
-		if ok && n == len(wantIDs) {
-			return
-		}
-		select {
-		case <-watch:
-		case <-deadline:
-			h.tb.Fatalf("pod %s: entries never matched", pod)
-		}
-	}
+		return ok && n == len(wantIDs), watch, fmt.Sprintf("pod %s: entries never matched", pod)
+	})
 }
 
 // rawChange is the floor of a change: the kernel deleting the keys that

@@ -220,23 +220,17 @@ func statusOf(rows []*PolicyMapEntry, key []byte) string {
 
 func waitEntries(t *testing.T, h *policyHarness, cond func([]*PolicyMapEntry) bool) []*PolicyMapEntry {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
+	var rows []*PolicyMapEntry
+	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
 		iter, watch := h.entries.AllWatch(h.db.ReadTxn())
-		rows := statedb.Collect(iter)
-		if cond(rows) {
-			return rows
+		rows = statedb.Collect(iter)
+		var lines []string
+		for _, r := range rows {
+			lines = append(lines, strings.Join(r.TableRow(), " "))
 		}
-		select {
-		case <-watch:
-		case <-deadline:
-			var lines []string
-			for _, r := range rows {
-				lines = append(lines, strings.Join(r.TableRow(), " "))
-			}
-			t.Fatalf("timed out; entries:\n%s", strings.Join(lines, "\n"))
-		}
-	}
+		return cond(rows), watch, "entries:\n" + strings.Join(lines, "\n")
+	})
+	return rows
 }
 
 // TestPrivilegedPolicyIdenticalBytes: identical input, in any order, gives

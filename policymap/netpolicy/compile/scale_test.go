@@ -1,12 +1,14 @@
 package compile
 
 import (
+	"fmt"
 	"net/netip"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -98,19 +100,12 @@ func TestPodsShareCompiledValues(t *testing.T) {
 // waitNumEntries waits until the table holds at least n entries.
 func waitNumEntries(t testing.TB, f *deriverFixture, n int) {
 	t.Helper()
-	deadline := time.After(120 * time.Second)
-	for {
+	celltest.Await(t, 120*time.Second, func() (bool, <-chan struct{}, string) {
 		txn := f.db.ReadTxn()
 		_, watch := f.entries.AllWatch(txn)
-		if f.entries.NumObjects(txn) >= n {
-			return
-		}
-		select {
-		case <-watch:
-		case <-deadline:
-			t.Fatalf("%d entries, want %d", f.entries.NumObjects(txn), n)
-		}
-	}
+		got := f.entries.NumObjects(txn)
+		return got >= n, watch, fmt.Sprintf("%d entries, want %d", got, n)
+	})
 }
 
 // heapInUse is the heap in use after a collection.
