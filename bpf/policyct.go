@@ -26,6 +26,16 @@ const (
 	PolicyFragsMapName = "enimasq_policy_frags"
 )
 
+// PolicyDefaultConntrackMax is the default size of the connection-tracking
+// map (--policy-conntrack-max): the AWS network policy agent's default
+// conntrack-cache-table-size.
+const PolicyDefaultConntrackMax = 512 * 1024
+
+// PolicyConntrackEntryBytes is the kernel memory of one connection of the
+// tracking map (memlock of the LRU hash over its entries, measured on
+// Linux 6.18: 128 bytes, 64 MiB at the default size).
+const PolicyConntrackEntryBytes = 128
+
 // policyStateMapNames are the maps of the programs' state.
 var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName, PolicyFragsMapName}
 

@@ -128,3 +128,77 @@ func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
 	echo := frame(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2"), protocolICMPv6, 9, 0)
 	want("an echo from a link-local address, strict", run(Egress, echo), false, PolicyStrict)
 }
+
+// A full connection table evicts the least recently used connection and
+// never lets a denied packet in: the replies of the connections it lost
+// are judged by the policy again, and denied where it denies them.
+func TestPrivilegedPolicyFullConnectionTableFailsClosed(t *testing.T) {
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	maps := map[string]*ebpf.Map{}
+	for _, d := range []Direction{Egress, Ingress} {
+		spec := PolicyMapSpec(d, IPv4, 1024)
+		maps[spec.Name] = openPinnedForTest(t, spec, dir)
+	}
+	ctSpec, _, err := PolicyStateSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctSpec.MaxEntries = 64 // --policy-conntrack-max, small
+	maps[PolicyCTMapName] = openPinnedForTest(t, ctSpec, dir)
+	pod, peer := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3")
+	// The pod may open UDP to the peer; nothing may reach it.
+	key, _ := EncodePolicyKey(pod, netip.PrefixFrom(peer, 32))
+	v, _ := NewPolicyValue([]PortEntry{{Protocol: ProtocolUDP}})
+	b, _ := v.MarshalBinary()
+	if err := maps[PolicyEgressV4MapName].Put(key, b); err != nil {
+		t.Fatal(err)
+	}
+	key, _ = EncodePolicyKey(pod, netip.MustParsePrefix("0.0.0.0/0"))
+	empty, _ := NewPolicyValue(nil)
+	b, _ = empty.MarshalBinary()
+	if err := maps[PolicyIngressV4MapName].Put(key, b); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := LoadPolicyProgram(maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	run := func(d Direction, src, dst netip.Addr, sport, dport uint16) PolicyResult {
+		t.Helper()
+		f, _ := PolicyTestFrame(src, dst, uint8(ProtocolUDP), sport, dport)
+		res, err := prog.Run(d, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// Ten times the table's size of connections: the first ones go.
+	const opened = 640
+	for i := range uint16(opened) {
+		if res := run(Egress, pod, peer, 10000+i, 53); !res.Allow {
+			t.Fatalf("query %d: %+v", i, res)
+		}
+	}
+	if n, err := PolicyConnections(maps[PolicyCTMapName]); err != nil || n > 64 {
+		t.Fatalf("%d connections tracked (%v), want at most the table's 64", n, err)
+	}
+	tracked, denied := 0, 0
+	for i := range uint16(opened) {
+		res := run(Ingress, peer, pod, 53, 10000+i)
+		switch {
+		case res.Allow && res.Reason == PolicyTracked:
+			tracked++
+		case !res.Allow && res.Reason == PolicyDenied:
+			denied++
+		default:
+			t.Fatalf("answer %d: %+v, want tracked or denied by the policy", i, res)
+		}
+	}
+	if tracked == 0 || tracked > 64 || denied < opened-64 {
+		t.Errorf("answers: %d passed as tracked, %d denied; want at most the table's 64 tracked and the evicted ones denied", tracked, denied)
+	}
+	if res := run(Ingress, peer, pod, 53, 9); res.Allow {
+		t.Errorf("an unsolicited packet with the table full: %+v, want denied", res)
+	}
+}

@@ -16,6 +16,7 @@ var notInCiliumBuild = map[string]bool{
 	"network-policy-attach":                true,
 	"network-policy-attach-check-interval": true,
 	"network-policy-enforcing-mode":        true,
+	"policy-conntrack-max":                 true,
 }
 
 // enimasqFlags are the names of the flags enimasq's feature cells declare.

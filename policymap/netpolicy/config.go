@@ -23,6 +23,7 @@ type PolicyConfig struct {
 	EnableNetworkPolicy           bool          `mapstructure:"enable-network-policy"`
 	PolicyEndpointsPath           string        `mapstructure:"policy-endpoints-path"`
 	PolicyMapMaxEntries           uint32        `mapstructure:"policy-map-max-entries"`
+	PolicyConntrackMax            uint32        `mapstructure:"policy-conntrack-max"`
 	PolicyEndpointsResyncInterval time.Duration `mapstructure:"policy-endpoints-resync-interval"`
 	EnforcingMode                 string        `mapstructure:"network-policy-enforcing-mode"`
 	Attach                        string        `mapstructure:"network-policy-attach"`
@@ -34,6 +35,7 @@ var DefaultPolicyConfig = PolicyConfig{
 	EnableNetworkPolicy:           false,
 	PolicyEndpointsPath:           "",
 	PolicyMapMaxEntries:           bpf.PolicyDefaultMaxEntries,
+	PolicyConntrackMax:            bpf.PolicyDefaultConntrackMax,
 	PolicyEndpointsResyncInterval: 60 * time.Second,
 	EnforcingMode:                 "standard",
 	Attach:                        enforce.AttachAuto,
@@ -44,12 +46,20 @@ var DefaultPolicyConfig = PolicyConfig{
 // map costs about 400 bytes of kernel memory.
 const maxPolicyMapEntries = 1 << 22
 
+// The bounds of --policy-conntrack-max: an LRU hash is shared out among
+// the CPUs, so a small one evicts early; the largest is 512 MiB.
+const (
+	minConntrack = 64
+	maxConntrack = 1 << 22
+)
+
 func (def PolicyConfig) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-network-policy", def.EnableNetworkPolicy, "Program the per-pod network-policy maps from the PolicyEndpoint objects: from the Kubernetes API server when it is enabled, else from --policy-endpoints-path")
 	flags.String("policy-endpoints-path", def.PolicyEndpointsPath, "Directory of PolicyEndpoint files (networking.k8s.aws/v1alpha1, YAML or JSON, several documents or a List per file); it is watched. Not allowed with the Kubernetes API server, which is then the source")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Size of each network-policy map (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6)")
+	flags.Uint32("policy-conntrack-max", def.PolicyConntrackMax, fmt.Sprintf("Connections the policy programs track for the node (enimasq_policy_ct, an LRU hash of %d bytes of kernel memory a connection: the default is 64 MiB, as the AWS agent's conntrack-cache-table-size); when it is full the least recently used goes, and its next packets are judged by the policy again. A change of size starts the table afresh", bpf.PolicyConntrackEntryBytes))
 	flags.Duration("policy-endpoints-resync-interval", def.PolicyEndpointsResyncInterval, "Re-read the PolicyEndpoint directory this often, in case a file event was missed (with the API server: re-check the node's addresses this often)")
-	flags.String("network-policy-enforcing-mode", def.EnforcingMode, `"standard": a pod that no policy selects is allowed, and the programs are on the devices of the pods the policies select; "strict": the programs are on every pod's device, and a pod is denied until its policy is in the kernel (as the AWS network policy agent's NETWORK_POLICY_ENFORCING_MODE)`)
+	flags.String("network-policy-enforcing-mode", def.EnforcingMode, `The programs are on every pod's device; "standard": a pod that no policy selects is allowed; "strict": a pod is denied until its policy is in the kernel (as the AWS network policy agent's NETWORK_POLICY_ENFORCING_MODE)`)
 	flags.String("network-policy-attach", def.Attach, `How the policy programs are put on the pods' devices: "tcx" (kernel 6.6), "tc" (clsact), or "auto" (tcx where the kernel has it)`)
 	flags.Duration("network-policy-attach-check-interval", def.AttachCheckInterval, "Check the programs on the pods' devices against the kernel this often (a program detached by hand is put back by then)")
 }
@@ -108,6 +118,8 @@ func (c PolicyConfig) validate(api bool) error {
 		return fmt.Errorf("--policy-endpoints-path %q: must be an absolute path", c.PolicyEndpointsPath)
 	case c.PolicyMapMaxEntries == 0 || c.PolicyMapMaxEntries > maxPolicyMapEntries:
 		return fmt.Errorf("--policy-map-max-entries %d: want 1..%d", c.PolicyMapMaxEntries, maxPolicyMapEntries)
+	case c.PolicyConntrackMax < minConntrack || c.PolicyConntrackMax > maxConntrack:
+		return fmt.Errorf("--policy-conntrack-max %d: want %d..%d", c.PolicyConntrackMax, minConntrack, maxConntrack)
 	case c.PolicyEndpointsResyncInterval <= 0:
 		return fmt.Errorf("--policy-endpoints-resync-interval %s: must be positive", c.PolicyEndpointsResyncInterval)
 	case c.Attach != enforce.AttachAuto && c.Attach != enforce.AttachTCX && c.Attach != enforce.AttachTC:

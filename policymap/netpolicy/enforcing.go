@@ -44,6 +44,7 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 		GlobalsDir:    p.Node.GlobalsDir(),
 		LinksDir:      filepath.Join(p.Node.BPFRoot, "enimasq", "links"),
 		CheckInterval: p.Policy.AttachCheckInterval,
+		ConntrackMax:  p.Policy.PolicyConntrackMax,
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:

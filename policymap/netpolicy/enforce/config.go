@@ -35,6 +35,9 @@ type Settings struct {
 	// CheckInterval is how often the attachments are checked against the
 	// kernel (a program detached by hand sends no notification).
 	CheckInterval time.Duration
+	// ConntrackMax is the size of the connection-tracking map (0: the
+	// program's).
+	ConntrackMax uint32
 }
 
 // SelectedPods returns the pod IPs the policies select, whether the

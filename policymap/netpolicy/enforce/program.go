@@ -109,6 +109,11 @@ func (p *programs) openState() ([]*ebpf.Map, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.settings.ConntrackMax > 0 {
+		// Another size than the pinned map's is another map: the pin is
+		// replaced (ErrMapIncompatible below), its connections lost.
+		ctSpec.MaxEntries = p.settings.ConntrackMax
+	}
 	if err := os.MkdirAll(p.settings.GlobalsDir, 0o700); err != nil {
 		return nil, err
 	}
