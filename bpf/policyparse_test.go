@@ -130,6 +130,12 @@ func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
 		tiny = tiny[:len(tiny)-len(tc.dns)+len(tc.dns)-32-8+4] // 4 bytes of UDP header
 		want(tc.family+" a first fragment too short for the ports", Egress, tiny, false, PolicyMalformed)
 	}
+	// An extension header after the fragment header: the later fragments
+	// start with it, and still follow their first.
+	withDst := withExt6(frame(pod6, peer6, ProtocolUDP, 5356, 53), ext6(60, 8))
+	want("IPv6 first fragment, destination options after the fragment header", Egress, fragment6AtFront(12, true, 0, withDst), true, PolicyAllowed)
+	want("its later fragment (next header: destination options)", Egress, fragment6AtFront(12, false, 185, withDst), true, PolicyFragment)
+
 	// The fragmented answer of a tracked query passes whole.
 	answer := frame(peer4, pod4, ProtocolUDP, 53, 5353)
 	want("first fragment of the DNS answer", Ingress, fragment4(11, true, 0, answer), true, PolicyTracked)
@@ -236,4 +242,22 @@ func fragment6(id uint32, more bool, offset uint16, f []byte) []byte {
 	binary.BigEndian.PutUint16(h[2:], fo)
 	binary.BigEndian.PutUint32(h[4:], id)
 	return withExt6(f, h)
+}
+
+// fragment6AtFront puts a fragment header first in an IPv6 frame's chain,
+// before the extension headers it already has.
+func fragment6AtFront(id uint32, more bool, offset uint16, f []byte) []byte {
+	h := make([]byte, 8)
+	h[0] = f[14+6] // the frame's first next header
+	fo := offset << 3
+	if more {
+		fo |= 1
+	}
+	binary.BigEndian.PutUint16(h[2:], fo)
+	binary.BigEndian.PutUint32(h[4:], id)
+	out := append([]byte{}, f[:14+40]...)
+	out[14+6] = 44
+	out = append(append(out, h...), f[14+40:]...)
+	binary.BigEndian.PutUint16(out[14+4:], uint16(len(out)-14-40))
+	return out
 }

@@ -614,7 +614,10 @@ static __always_inline int decide_tracked(struct __sk_buff *skb, const struct po
 static __always_inline void frag_key_of(struct frag_key *k, struct __sk_buff *skb, const struct pkt *p)
 {
 	k->family = p->family;
-	k->protocol = p->protocol;
+	/* IPv6 reassembles by addresses and identification alone (RFC 8200):
+	 * a later fragment's next header is the Fragment header's, which may
+	 * be an extension header the first fragment walked past. */
+	k->protocol = p->family == 4 ? p->protocol : 0;
 	k->id = p->frag_id;
 	k->ifindex = p->ifindex;
 	__builtin_memcpy(k->src, p->src, 16);

@@ -44,7 +44,7 @@ var ReadOnlyShellCommands = []string{
 	"help", "health", "metrics",
 	"db", "db/show", "db/get", "db/prefix", "db/list", "db/lowerbound", "db/initialized", "db/watch", "db/dump",
 	"policymap/ipmasq-list", "policymap/masq-decide",
-	"policymap/policy-list", "policymap/policy-verdict", "policymap/policy-verdicts",
+	"policymap/policy-list", "policymap/policy-verdict", // not policy-verdicts: it reads a file on the agent side
 	"ipam/rules", "ipam/routes",
 }
 

@@ -99,7 +99,12 @@ func (o *bindingOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revi
 		return fmt.Errorf("bind %s to %s (ifindex %d): %w", b.Addr, b.Device, b.Ifindex, err)
 	}
 	if moved {
-		return o.forget(func(c bpf.PolicyConnection) bool { return c.Pod == b.Addr && int(c.Ifindex) != b.Ifindex },
+		// Its own connections on the old device, and the other pods'
+		// connections with it as their peer: the address is another pod's
+		// now, which must not inherit them.
+		return o.forget(func(c bpf.PolicyConnection) bool {
+			return c.Pod == b.Addr && int(c.Ifindex) != b.Ifindex || c.Peer == b.Addr
+		},
 			fmt.Sprintf("%s moved from ifindex %d to %s", b.Addr, old, b.Device))
 	}
 	return nil
@@ -112,11 +117,16 @@ func (o *bindingOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revi
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
+	// The connections go first: a retry after a failure finds the
+	// binding still there to undo.
+	if err := o.forget(func(c bpf.PolicyConnection) bool { return c.Pod == b.Addr || c.Peer == b.Addr },
+		fmt.Sprintf("%s no longer routed to a pod's device", b.Addr)); err != nil {
+		return err
+	}
 	if err := pods.Delete(bpf.PolicyPodKey(b.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unbind %s from %s: %w", b.Addr, b.Device, err)
 	}
-	return o.forget(func(c bpf.PolicyConnection) bool { return c.Pod == b.Addr },
-		fmt.Sprintf("%s no longer routed to a pod's device", b.Addr))
+	return nil
 }
 
 // Prune deletes the bindings that no row holds (an earlier run's) and
@@ -158,7 +168,7 @@ func (o *bindingOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Se
 		}
 		errs = append(errs, err)
 	} else if len(gone) > 0 {
-		errs = append(errs, o.forget(func(c bpf.PolicyConnection) bool { return gone[c.Pod] }, "stale bindings pruned"))
+		errs = append(errs, o.forget(func(c bpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, "stale bindings pruned"))
 	}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package enforce
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -169,8 +170,16 @@ func (d *deriver) desired() ([]*Attachment, []*Binding, error) {
 		a := byIndex[r.LinkIndex]
 		if a == nil {
 			link, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil || link.Type() != "veth" {
-				continue // gone meanwhile, or not a pod's device
+			if errors.As(err, new(netlink.LinkNotFoundError)) {
+				continue // gone meanwhile
+			}
+			if err != nil {
+				// Not known to be gone: keep the rows as they are (a row
+				// dropped would take the programs off a live device).
+				return nil, nil, fmt.Errorf("ip link show index %d: %w", r.LinkIndex, err)
+			}
+			if link.Type() != "veth" {
+				continue // not a pod's device
 			}
 			a = &Attachment{Device: link.Attrs().Name, Ifindex: r.LinkIndex}
 			byIndex[r.LinkIndex] = a

@@ -124,8 +124,12 @@ func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision,
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
+	// Only where policy-bindings has not bound the pod yet: it owns the
+	// map, and an older row of this table must not undo its newer binding
+	// (an IP moved to another device).
 	for _, pod := range a.Pods {
-		if err := pods.Put(bpf.PolicyPodKey(pod), uint32(a.Ifindex)); err != nil {
+		err := pods.Update(bpf.PolicyPodKey(pod), uint32(a.Ifindex), ebpf.UpdateNoExist)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("bind %s to %s: %w", pod, a.Device, err)
 		}
 	}
