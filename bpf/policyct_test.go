@@ -14,40 +14,11 @@ import (
 // RST closes the connection, and what was never allowed stays denied. In
 // strict mode a pod without policy is denied.
 func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
-	dir := GlobalsDir(celltest.MountBPFFS(t))
-	maps := map[string]*ebpf.Map{}
-	for _, d := range []Direction{Egress, Ingress} {
-		spec := PolicyMapSpec(d, IPv4, 1024)
-		maps[spec.Name] = openPinnedForTest(t, spec, dir)
-	}
-	ctSpec, modeSpec, err := PolicyStateSpecs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	maps[PolicyCTMapName] = openPinnedForTest(t, ctSpec, dir)
-	maps[PolicyModeMapName] = openPinnedForTest(t, modeSpec, dir)
 	pod, peer, other := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("10.9.9.9")
-
 	// The pod may open TCP 80, UDP 53 and ICMP to the peer; nothing may
 	// reach it (ingress isolated, no rule).
-	key, _ := EncodePolicyKey(pod, netip.PrefixFrom(peer, 32))
-	v, _ := NewPolicyValue([]PortEntry{{Protocol: ProtocolTCP, StartPort: 80}, {Protocol: ProtocolUDP, StartPort: 53}, {Protocol: protocolICMP}})
-	b, _ := v.MarshalBinary()
-	if err := maps[PolicyEgressV4MapName].Put(key, b); err != nil {
-		t.Fatal(err)
-	}
-	key, _ = EncodePolicyKey(pod, netip.MustParsePrefix("0.0.0.0/0"))
-	empty, _ := NewPolicyValue(nil)
-	b, _ = empty.MarshalBinary()
-	if err := maps[PolicyIngressV4MapName].Put(key, b); err != nil {
-		t.Fatal(err)
-	}
-
-	prog, err := LoadPolicyProgram(maps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	prog, maps := trackingProgram(t, 0, pod, peer,
+		PortEntry{Protocol: ProtocolTCP, StartPort: 80}, PortEntry{Protocol: ProtocolUDP, StartPort: 53}, PortEntry{Protocol: protocolICMP})
 	run := func(d Direction, frame []byte) PolicyResult {
 		t.Helper()
 		res, err := prog.Run(d, frame)
@@ -133,37 +104,10 @@ func TestPrivilegedPolicyProgramTracksConnections(t *testing.T) {
 // never lets a denied packet in: the replies of the connections it lost
 // are judged by the policy again, and denied where it denies them.
 func TestPrivilegedPolicyFullConnectionTableFailsClosed(t *testing.T) {
-	dir := GlobalsDir(celltest.MountBPFFS(t))
-	maps := map[string]*ebpf.Map{}
-	for _, d := range []Direction{Egress, Ingress} {
-		spec := PolicyMapSpec(d, IPv4, 1024)
-		maps[spec.Name] = openPinnedForTest(t, spec, dir)
-	}
-	ctSpec, _, err := PolicyStateSpecs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctSpec.MaxEntries = 64 // --policy-conntrack-max, small
-	maps[PolicyCTMapName] = openPinnedForTest(t, ctSpec, dir)
 	pod, peer := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3")
-	// The pod may open UDP to the peer; nothing may reach it.
-	key, _ := EncodePolicyKey(pod, netip.PrefixFrom(peer, 32))
-	v, _ := NewPolicyValue([]PortEntry{{Protocol: ProtocolUDP}})
-	b, _ := v.MarshalBinary()
-	if err := maps[PolicyEgressV4MapName].Put(key, b); err != nil {
-		t.Fatal(err)
-	}
-	key, _ = EncodePolicyKey(pod, netip.MustParsePrefix("0.0.0.0/0"))
-	empty, _ := NewPolicyValue(nil)
-	b, _ = empty.MarshalBinary()
-	if err := maps[PolicyIngressV4MapName].Put(key, b); err != nil {
-		t.Fatal(err)
-	}
-	prog, err := LoadPolicyProgram(maps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	// The pod may open UDP to the peer; nothing may reach it. The table
+	// is small (--policy-conntrack-max 64).
+	prog, maps := trackingProgram(t, 64, pod, peer, PortEntry{Protocol: ProtocolUDP})
 	run := func(d Direction, src, dst netip.Addr, sport, dport uint16) PolicyResult {
 		t.Helper()
 		f, _ := PolicyTestFrame(src, dst, uint8(ProtocolUDP), sport, dport)
@@ -201,4 +145,45 @@ func TestPrivilegedPolicyFullConnectionTableFailsClosed(t *testing.T) {
 	if res := run(Ingress, peer, pod, 53, 9); res.Allow {
 		t.Errorf("an unsolicited packet with the table full: %+v, want denied", res)
 	}
+}
+
+// trackingProgram loads the policy programs on pinned IPv4 policy maps and
+// a pinned connection-tracking map (ctMax entries, 0: the program's) and
+// mode map: pod may send to peer what entries allow, and receives nothing
+// but replies.
+func trackingProgram(t *testing.T, ctMax uint32, pod, peer netip.Addr, entries ...PortEntry) (*PolicyProgram, map[string]*ebpf.Map) {
+	t.Helper()
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	maps := map[string]*ebpf.Map{}
+	for _, d := range []Direction{Egress, Ingress} {
+		spec := PolicyMapSpec(d, IPv4, 1024)
+		maps[spec.Name] = openPinnedForTest(t, spec, dir)
+	}
+	ctSpec, modeSpec, err := PolicyStateSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctMax > 0 {
+		ctSpec.MaxEntries = ctMax
+	}
+	maps[PolicyCTMapName] = openPinnedForTest(t, ctSpec, dir)
+	maps[PolicyModeMapName] = openPinnedForTest(t, modeSpec, dir)
+	for _, e := range []struct {
+		m     string
+		peer  netip.Prefix
+		allow []PortEntry
+	}{{PolicyEgressV4MapName, netip.PrefixFrom(peer, 32), entries}, {PolicyIngressV4MapName, netip.MustParsePrefix("0.0.0.0/0"), nil}} {
+		key, _ := EncodePolicyKey(pod, e.peer)
+		v, _ := NewPolicyValue(e.allow)
+		b, _ := v.MarshalBinary()
+		if err := maps[e.m].Put(key, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prog, err := LoadPolicyProgram(maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return prog, maps
 }
