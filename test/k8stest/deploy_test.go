@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
+	"github.com/enimasq/enimasq/test/agentargs"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/test/k8stest"
 )
@@ -162,14 +162,9 @@ func checkDaemonSet(t *testing.T, ds *unstructured.Unstructured, applied []*unst
 	}
 
 	// The flags are the agent's own.
-	var args []string
-	for _, a := range agent["args"].([]any) {
-		args = append(args, a.(string))
-	}
-	fs := pflag.NewFlagSet("enimasq-agent", pflag.ContinueOnError)
-	enimasq.New(enimasq.Agent).RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatalf("agent args %v: %s", args, err)
+	fs, err := agentargs.Parse(agent)
+	if err != nil {
+		t.Fatal(err)
 	}
 	configPath, _ := fs.GetString("ip-masq-agent-config-path")
 

@@ -10,11 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/libcni"
-	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"github.com/enimasq/enimasq/test/agentargs"
 
-	"github.com/enimasq/enimasq"
+	"github.com/containernetworking/cni/libcni"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 func daemonSet(t *testing.T, objs []*unstructured.Unstructured) *unstructured.Unstructured {
@@ -99,14 +98,8 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("agent readinessProbe %q", got)
 			}
 
-			var args []string
-			for _, a := range agent["args"].([]any) {
-				args = append(args, a.(string))
-			}
-			fs := pflag.NewFlagSet("enimasq-agent", pflag.ContinueOnError)
-			enimasq.New(enimasq.Agent).RegisterFlags(fs)
-			if err := fs.Parse(args); err != nil {
-				t.Errorf("agent args %v: %s", args, err)
+			if _, err := agentargs.Parse(agent); err != nil {
+				t.Error(err)
 			}
 		})
 	}
