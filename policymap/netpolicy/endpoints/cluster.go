@@ -1,0 +1,166 @@
+package endpoints
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// ClusterPolicyEndpointsTableName is the table of ClusterPolicyEndpoint
+// objects in effect.
+const ClusterPolicyEndpointsTableName = "cluster-policy-endpoints"
+
+// Tier is a ClusterPolicyEndpoint's tier: the Admin tier decides before the
+// NetworkPolicy (PolicyEndpoints), the Baseline tier after it, for the pods
+// no NetworkPolicy isolates.
+type Tier string
+
+const (
+	TierAdmin    Tier = "Admin"
+	TierBaseline Tier = "Baseline"
+)
+
+// Action is what a ClusterPolicyEndpoint rule does with what it matches.
+type Action string
+
+const (
+	ActionAccept Action = "Accept"
+	ActionDeny   Action = "Deny"
+	// ActionPass hands the packet to the next step: from the Admin tier
+	// to the NetworkPolicy, from the Baseline tier to the default.
+	ActionPass Action = "Pass"
+)
+
+// MaxClusterPriority is the largest priority of a ClusterPolicyEndpoint.
+const MaxClusterPriority = 1000
+
+// ClusterPolicyEndpoint is one validated ClusterPolicyEndpoint object
+// (networking.k8s.aws/v1alpha1, cluster-scoped): the pods of this node a
+// ClusterNetworkPolicy selects, its tier and priority, and its rules, as the
+// AWS network policy controller writes them. Objects in the table are
+// immutable.
+type ClusterPolicyEndpoint struct {
+	Name string
+	// File is the file the object was read from ("" from the API server).
+	File string
+	// PolicyRef is spec.policyRef.name, the ClusterNetworkPolicy.
+	PolicyRef string
+	Tier      Tier
+	// Priority is spec.priority, 0 to MaxClusterPriority: within a tier a
+	// lower number decides first.
+	Priority int32
+	// Pods are spec.podSelectorEndpoints on this node, one per pod IP.
+	Pods    []PodEndpoint
+	Ingress []ClusterRule `json:",omitempty"`
+	Egress  []ClusterRule `json:",omitempty"`
+	// Warnings are accepted oddities, each naming the field.
+	Warnings []string `json:",omitempty"`
+	// Invalid, when set, is why the object in force is not the one written:
+	// the row is its last good version or, with none, its stand-in, which
+	// denies everything but the node IP to the pods it names, in both
+	// directions, at the top of the Admin tier (never more open than
+	// before). A stand-in whose name cannot be read has the Name
+	// "FILE#DOCUMENT".
+	Invalid string `json:",omitempty"`
+	// StandIn: the object is a stand-in, not a version of the object.
+	StandIn bool `json:"-" yaml:"-"`
+}
+
+// ClusterRule is one ingress or egress entry: peers in CIDR on Ports get
+// Action. Rules of another family than a pod's are inert for it.
+type ClusterRule struct {
+	CIDR netip.Prefix
+	// Ports empty matches every protocol and port.
+	Ports  []Port `json:",omitempty"`
+	Action Action
+}
+
+// Key is the table's primary key: the object's name (cluster-scoped).
+func (c *ClusterPolicyEndpoint) Key() string { return c.Name }
+
+// Rules returns the rules of a direction.
+func (c *ClusterPolicyEndpoint) Rules(d bpf.Direction) []ClusterRule {
+	if d == bpf.Ingress {
+		return c.Ingress
+	}
+	return c.Egress
+}
+
+// PodEntry returns the object's entry for a pod IP.
+func (c *ClusterPolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) {
+	for _, p := range c.Pods {
+		if p.PodIP == pod {
+			return p, true
+		}
+	}
+	return PodEndpoint{}, false
+}
+
+func (c *ClusterPolicyEndpoint) TableHeader() []string {
+	return []string{"Name", "Policy", "Tier", "Priority", "Pods", "Ingress", "Egress", "Warnings", "Error"}
+}
+
+func (c *ClusterPolicyEndpoint) TableRow() []string {
+	pods := "-"
+	if len(c.Pods) > 0 {
+		var ips []string
+		for i, p := range c.Pods {
+			if i == shownPods {
+				ips = append(ips, fmt.Sprintf("and %d more", len(c.Pods)-shownPods))
+				break
+			}
+			ips = append(ips, p.PodIP.String())
+		}
+		pods = strings.Join(ips, ",")
+	}
+	return []string{
+		c.Name,
+		c.PolicyRef,
+		string(c.Tier),
+		fmt.Sprint(c.Priority),
+		pods,
+		fmt.Sprintf("%d rules", len(c.Ingress)),
+		fmt.Sprintf("%d rules", len(c.Egress)),
+		strings.Join(c.Warnings, "; "),
+		c.Invalid,
+	}
+}
+
+var (
+	// ClusterPolicyEndpointNameIndex is the primary index: the name.
+	ClusterPolicyEndpointNameIndex = statedb.Index[*ClusterPolicyEndpoint, string]{
+		Name: "name",
+		FromObject: func(c *ClusterPolicyEndpoint) index.KeySet {
+			return index.NewKeySet(index.String(c.Key()))
+		},
+		FromKey:    index.String,
+		FromString: index.FromString,
+		Unique:     true,
+	}
+
+	// ClusterPolicyEndpointPodIndex finds the objects that select a pod IP.
+	ClusterPolicyEndpointPodIndex = statedb.Index[*ClusterPolicyEndpoint, netip.Addr]{
+		Name: "pod",
+		FromObject: func(c *ClusterPolicyEndpoint) index.KeySet {
+			keys := make([]index.Key, 0, len(c.Pods))
+			for _, p := range c.Pods {
+				keys = append(keys, index.NetIPAddr(p.PodIP))
+			}
+			return index.NewKeySet(keys...)
+		},
+		FromKey:    index.NetIPAddr,
+		FromString: index.NetIPAddrString,
+		Unique:     false,
+	}
+)
+
+// NewClusterPolicyEndpointsTable creates and registers
+// cluster-policy-endpoints.
+func NewClusterPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*ClusterPolicyEndpoint], error) {
+	return statedb.NewTable(db, ClusterPolicyEndpointsTableName, ClusterPolicyEndpointNameIndex, ClusterPolicyEndpointPodIndex)
+}
