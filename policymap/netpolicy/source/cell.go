@@ -1,6 +1,7 @@
 package source
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 
@@ -14,10 +15,10 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeips"
 )
 
-// Cell fills policy-endpoints from the PolicyEndpoint directory, or from
-// the API server when the client is enabled. It takes Settings and the
-// policy-endpoints table (package endpoints), and, with the API server, the
-// node-ips table (nodeips.Cell).
+// Cell fills policy-endpoints and cluster-policy-endpoints from the
+// PolicyEndpoint directory (which holds both kinds), or from the API server
+// when the client is enabled. It takes Settings and both tables (package
+// endpoints), and, with the API server, the node-ips table (nodeips.Cell).
 var Cell = cell.Group(
 	cell.ProvidePrivate(newSourceMetrics),
 	cell.Provide((*sourceMetrics).collectors),
@@ -32,30 +33,37 @@ type params struct {
 	Settings Settings
 	DB       *statedb.DB
 	Table    statedb.RWTable[*PolicyEndpoint]
+	Clusters statedb.RWTable[*ClusterPolicyEndpoint]
 	Jobs     job.Group
 	Health   cell.Health
 	Metrics  *sourceMetrics
-	// Client, when enabled, makes the API server's PolicyEndpoints the
-	// source instead of --policy-endpoints-path.
+	// Client, when enabled, makes the API server's PolicyEndpoints and
+	// ClusterPolicyEndpoints the source instead of --policy-endpoints-path.
 	Client *k8sclient.Client `optional:"true"`
 	// NodeIPs are this node's addresses (the node rule of the API
 	// source); needed with the API server only.
 	NodeIPs statedb.Table[*nodeips.NodeIP] `optional:"true"`
 }
 
-// register fills policy-endpoints from the PolicyEndpoint directory, or
-// from the API server when the client is enabled. With Settings.Off the
-// table is initialized and stays empty.
+// register fills both tables from the directory, or from the API server
+// when the client is enabled, in one job (watch-policy-endpoints; the
+// ClusterPolicyEndpoints report on its health scope ClusterScope). Each
+// table has an initializer, done after the first read of the directory
+// (with the API server: once its informer has synced), so that no consumer
+// prunes against a partial state. With Settings.Off both tables are
+// initialized and stay empty.
 func register(p params) error {
 	api := p.Client != nil && p.Client.IsEnabled()
-	initName := "policy-endpoints-dir"
+	initName, clusterInitName := "policy-endpoints-dir", "cluster-policy-endpoints-dir"
 	if api && p.Settings.Off == "" {
-		initName = "policy-endpoints-api"
+		initName, clusterInitName = "policy-endpoints-api", "cluster-policy-endpoints-api"
 	}
-	wtxn := p.DB.WriteTxn(p.Table)
+	wtxn := p.DB.WriteTxn(p.Table, p.Clusters)
 	initDone := p.Table.RegisterInitializer(wtxn, initName)
+	clusterInitDone := p.Clusters.RegisterInitializer(wtxn, clusterInitName)
 	if p.Settings.Off != "" {
 		initDone(wtxn)
+		clusterInitDone(wtxn)
 		wtxn.Commit()
 		p.Health.NewScope("policy").OK("No policy maps: " + p.Settings.Off)
 		return nil
@@ -64,12 +72,25 @@ func register(p params) error {
 
 	s := newPolicySource(p.Settings, p.Node, filesource.Source[*PolicyEndpoint, string]{
 		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone, Metrics: p.Metrics.source,
+	}, filesource.Source[*ClusterPolicyEndpoint, string]{
+		Log: p.Log, DB: p.DB, Table: p.Clusters, InitDone: clusterInitDone, Metrics: p.Metrics.cluster,
 	})
 	if api {
 		if p.NodeIPs == nil {
 			return fmt.Errorf("PolicyEndpoints from the API server need the %s table (nodeips.Cell) to tell the pods of this node", nodeips.TableName)
 		}
-		p.Jobs.Add(job.OneShot("watch-policy-endpoints", newPolicyK8sSource(s, p.Client, p.NodeIPs).run))
+		pes := newPolicyK8sSource(s, p.Client, p.NodeIPs)
+		cpes := newClusterK8sSource(s, p.Client, p.NodeIPs)
+		p.Jobs.Add(job.OneShot("watch-policy-endpoints", func(ctx context.Context, health cell.Health) error {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				cpes.run(ctx, health.NewScope(ClusterScope))
+			}()
+			err := pes.run(ctx, health)
+			<-done
+			return err
+		}))
 		return nil
 	}
 	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.Run))

@@ -10,15 +10,19 @@ import (
 // source metrics.
 const PolicySourceName = "policy-endpoints"
 
-// sourceMetrics are the source's metrics (metrics.Source).
+// ClusterSourceName names the ClusterPolicyEndpoints (files or API server)
+// in the source metrics.
+const ClusterSourceName = "cluster-policy-endpoints"
+
+// sourceMetrics are the source's metrics (metrics.Source), one per table.
 type sourceMetrics struct {
-	source *metrics.Source
+	source, cluster *metrics.Source
 }
 
 func newSourceMetrics() *sourceMetrics {
-	return &sourceMetrics{source: metrics.NewSource(PolicySourceName)}
+	return &sourceMetrics{source: metrics.NewSource(PolicySourceName), cluster: metrics.NewSource(ClusterSourceName)}
 }
 
 func (m *sourceMetrics) collectors() metrics.Outs {
-	return metrics.Outs{Collectors: []prometheus.Collector{m.source}}
+	return metrics.Outs{Collectors: []prometheus.Collector{m.source, m.cluster}}
 }

@@ -47,10 +47,12 @@ const maxNameLength = 253
 var protocols = map[string]uint32{"TCP": bpf.ProtocolTCP, "UDP": bpf.ProtocolUDP, "SCTP": bpf.ProtocolSCTP}
 
 // ParsePolicyEndpoints decodes and validates a PolicyEndpoint file: YAML or
-// JSON, one or more documents, each a PolicyEndpoint or a List of them. An
-// empty file holds no objects. Errors name the file, the document when
-// there are several, the object, the field and the value; one error fails
-// the whole file (the source puts in force what parsePolicyFile recovers).
+// JSON, one or more documents, each a PolicyEndpoint, a ClusterPolicyEndpoint
+// or a List of them (the ClusterPolicyEndpoints are left out: see
+// ParseClusterPolicyEndpoints). An empty file holds no objects. Errors name
+// the file, the document when there are several, the object, the field and
+// the value; one error, of an object of either kind, fails the whole file
+// (the source puts in force what parsePolicyFile recovers).
 func ParsePolicyEndpoints(path string, data []byte) ([]*PolicyEndpoint, error) {
 	objs, err := parsePolicyFile(path, data)
 	if err != nil {
@@ -58,21 +60,39 @@ func ParsePolicyEndpoints(path string, data []byte) ([]*PolicyEndpoint, error) {
 	}
 	out := make([]*PolicyEndpoint, 0, len(objs))
 	for _, o := range objs {
-		out = append(out, o.pe)
+		if o.pe != nil {
+			out = append(out, o.pe)
+		}
 	}
 	return out, nil
 }
 
-// parsedObject is one object of a file as read: valid (err nil), or the
-// stand-in made of it (recover.go) and its error.
+// parsedObject is one object of a file as read, a PolicyEndpoint (pe) or a
+// ClusterPolicyEndpoint (cpe): valid (err nil), or the stand-in made of it
+// (recover.go, recover_cluster.go) and its error.
 type parsedObject struct {
 	pe  *PolicyEndpoint
+	cpe *ClusterPolicyEndpoint
 	err error
+	// guessed: the object's kind cannot be read; its kind is guessed from
+	// its text (guessKinds), and every last good object of the file, of
+	// either kind, stays (resolve): it may be one of them.
+	guessed bool
+}
+
+// kindKey is the object's kind and key, unique in a file.
+func (o parsedObject) kindKey() (kind, key string) {
+	if o.cpe != nil {
+		return ClusterPolicyEndpointKind, o.cpe.Key()
+	}
+	return PolicyEndpointKind, o.pe.Key()
 }
 
 // parsePolicyFile parses a file object by object, in order: an object that
 // is not valid is given as its stand-in, with its error; the error returned
-// joins them. Only a file that is too large gives no objects.
+// joins them. Only a file that is too large gives no objects. Each
+// document's kind says what it is: a PolicyEndpoint, a
+// ClusterPolicyEndpoint, or a list of them.
 func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	if len(data) > MaxPolicyEndpointFileSize {
 		return nil, fmt.Errorf("%s: file is larger than %d bytes", path, MaxPolicyEndpointFileSize)
@@ -80,11 +100,11 @@ func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	docs, err := strictdecode.Documents(data)
 	if err != nil {
 		err = fmt.Errorf("%s: %w", path, err)
-		return []parsedObject{{recoverText(path, standInName(path, 1, -1), data, err), err}}, err
+		return guessedStandIns(path, standInName(path, 1, -1), data, err), err
 	}
 	var out []parsedObject
 	var errs []error
-	seen := map[string]string{} // key -> where
+	seen := map[[2]string]string{} // kind, key -> where
 	for _, doc := range docs {
 		where := path
 		if len(docs) > 1 {
@@ -92,10 +112,11 @@ func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 		}
 		for _, o := range parseDocument(path, doc.Index, where, doc.Data) {
 			if o.err == nil {
-				if first, dup := seen[o.pe.Key()]; dup {
-					o.err = fmt.Errorf("%s: PolicyEndpoint %s is defined twice (first in %s)", where, o.pe.Key(), first)
+				kind, key := o.kindKey()
+				if first, dup := seen[[2]string{kind, key}]; dup {
+					o.err = fmt.Errorf("%s: %s %s is defined twice (first in %s)", where, kind, key, first)
 				} else {
-					seen[o.pe.Key()] = where
+					seen[[2]string{kind, key}] = where
 				}
 			}
 			if o.err != nil {
@@ -107,56 +128,97 @@ func parsePolicyFile(path string, data []byte) ([]parsedObject, error) {
 	return out, errors.Join(errs...)
 }
 
-// parseDocument parses document n of file (at where): a PolicyEndpoint or
-// a list of them.
+// The kinds of a document, as the parser names them in an error.
+const (
+	documentKinds = PolicyEndpointKind + ", " + ClusterPolicyEndpointKind + ", " + policyEndpointListKind + ", " +
+		clusterPolicyEndpointListKind + " or " + listKind
+	itemKinds = PolicyEndpointKind + " or " + ClusterPolicyEndpointKind
+)
+
+// parseDocument parses document n of file (at where): a PolicyEndpoint, a
+// ClusterPolicyEndpoint, or a list of them.
 func parseDocument(file string, n int, where string, doc []byte) []parsedObject {
 	js, err := strictdecode.ToJSON(doc)
 	if err != nil {
 		err = fmt.Errorf("%s: not valid YAML or JSON: %w", where, err)
-		return []parsedObject{{recoverText(file, standInName(file, n, -1), doc, err), err}}
+		return guessedStandIns(file, standInName(file, n, -1), doc, err)
 	}
 	if bytes.Equal(js, []byte("null")) {
 		return nil // blank or comments only
 	}
 	fail := func(err error) []parsedObject {
 		err = fmt.Errorf("%s: %w", where, err)
-		return []parsedObject{{recoverJSON(file, standInName(file, n, -1), "", js, err), err}}
+		return guessedStandIns(file, standInName(file, n, -1), js, err)
 	}
 	if !bytes.HasPrefix(js, []byte("{")) {
-		return fail(fmt.Errorf("want a PolicyEndpoint or a List, got %s", errtext.Value(js)))
+		return fail(fmt.Errorf("want a PolicyEndpoint, a ClusterPolicyEndpoint or a List, got %s", errtext.Value(js)))
 	}
-	var head struct {
-		Kind any `json:"kind"`
-	}
-	_ = json.Unmarshal(js, &head) // an object: the kind is checked below
-	switch head.Kind {
-	case PolicyEndpointKind:
-		pe, err := parseObject(file, nil, js)
-		if err != nil {
-			return fail(err)
-		}
-		return []parsedObject{{pe: pe}}
-	case listKind, policyEndpointListKind:
+	wrap := func(err error) error { return fmt.Errorf("%s: %w", where, err) }
+	kind := kindOf(js)
+	switch kind {
+	case PolicyEndpointKind, ClusterPolicyEndpointKind:
+		return []parsedObject{parseItem(file, nil, kind, js, wrap, standInName(file, n, -1))}
+	case listKind, policyEndpointListKind, clusterPolicyEndpointListKind:
 		var list policyEndpointList
 		if errs := policyDecoder.Fields(nil, js, &list); len(errs) > 0 {
 			return fail(strictdecode.Format(errs))
 		}
 		out := make([]parsedObject, 0, len(list.Items))
 		for i, item := range list.Items {
-			pe, err := parseObject(file, field.NewPath("items").Index(i), item)
-			if err != nil {
-				err = fmt.Errorf("%s: %w", where, err)
-				pe = recoverJSON(file, standInName(file, n, i), "", item, err)
+			var itemKind any = map[any]string{policyEndpointListKind: PolicyEndpointKind, clusterPolicyEndpointListKind: ClusterPolicyEndpointKind}[kind]
+			if itemKind == "" {
+				itemKind = kindOf(item)
 			}
-			out = append(out, parsedObject{pe, err})
+			out = append(out, parseItem(file, field.NewPath("items").Index(i), itemKind, item, wrap, standInName(file, n, i)))
 		}
 		return out
 	}
-	const kinds = PolicyEndpointKind + ", " + policyEndpointListKind + " or " + listKind
-	if head.Kind == nil || head.Kind == "" {
-		return fail(strictdecode.Format(field.ErrorList{field.Required(field.NewPath("kind"), "want "+kinds)}))
+	if kind == nil || kind == "" {
+		return fail(strictdecode.Format(field.ErrorList{field.Required(field.NewPath("kind"), "want "+documentKinds)}))
 	}
-	return fail(strictdecode.Format(field.ErrorList{field.Invalid(field.NewPath("kind"), head.Kind, "is not "+kinds)}))
+	return fail(strictdecode.Format(field.ErrorList{field.Invalid(field.NewPath("kind"), kind, "is not "+documentKinds)}))
+}
+
+// kindOf is the kind of an object (its JSON), as decoded: nil when it has
+// none or is not an object.
+func kindOf(js []byte) any {
+	var head struct {
+		Kind any `json:"kind"`
+	}
+	_ = json.Unmarshal(js, &head) // an object: the kind is checked by the caller
+	return head.Kind
+}
+
+// parseItem parses an object at base (the top level of a document, or
+// items[i] of a list) as kind says: a PolicyEndpoint, a
+// ClusterPolicyEndpoint, or, for any other kind, what its text suggests
+// (guessKinds), which then reports the kind; an error is wrapped by wrap.
+// An object that is not valid gives its stand-in, named name when its own
+// name cannot be read.
+func parseItem(file string, base *field.Path, kind any, js []byte, wrap func(error) error, name string) parsedObject {
+	guessed := false
+	if kind != PolicyEndpointKind && kind != ClusterPolicyEndpointKind {
+		guessed = true
+		if pe, _ := guessKinds(js); pe {
+			kind = PolicyEndpointKind
+		} else {
+			kind = ClusterPolicyEndpointKind
+		}
+	}
+	if kind == ClusterPolicyEndpointKind {
+		cpe, err := parseClusterObject(file, base, js)
+		if err != nil {
+			err = wrap(err)
+			return parsedObject{cpe: recoverClusterJSON(file, name, "", js, err), err: err, guessed: guessed}
+		}
+		return parsedObject{cpe: cpe, guessed: guessed}
+	}
+	pe, err := parseObject(file, base, js)
+	if err != nil {
+		err = wrap(err)
+		return parsedObject{pe: recoverJSON(file, name, "", js, err), err: err, guessed: guessed}
+	}
+	return parsedObject{pe: pe, guessed: guessed}
 }
 
 // parseObject decodes and validates one PolicyEndpoint object at base (the
@@ -179,14 +241,17 @@ func parseObject(file string, base *field.Path, js []byte) (*PolicyEndpoint, err
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", v.pe.Key(), strictdecode.Format(errs))
 	}
+	v.pe.Warnings = v.warnings
 	return v.pe, nil
 }
 
-// validator turns a decoded object into a PolicyEndpoint, collecting
-// errors, and warnings on the PolicyEndpoint.
+// validator turns a decoded object into a PolicyEndpoint (pe), collecting
+// errors and warnings. Its field checks (addresses, prefixes, ports, pods)
+// are also those of a ClusterPolicyEndpoint (clusterValidator).
 type validator struct {
-	pe   *PolicyEndpoint
-	errs field.ErrorList
+	pe       *PolicyEndpoint
+	errs     field.ErrorList
+	warnings []string
 }
 
 func (v *validator) fail(e *field.Error) { v.errs = append(v.errs, e) }
@@ -200,7 +265,7 @@ func (v *validator) required(path *field.Path, s string) bool {
 }
 
 func (v *validator) warn(path *field.Path, format string, args ...any) {
-	v.pe.Warnings = append(v.pe.Warnings, path.String()+": "+fmt.Sprintf(format, args...))
+	v.warnings = append(v.warnings, path.String()+": "+fmt.Sprintf(format, args...))
 }
 
 // header checks apiVersion and kind and reads metadata.name/namespace.
@@ -253,7 +318,7 @@ func (v *validator) spec(path *field.Path, spec *policyEndpointSpec) {
 		}
 		*isolates = true
 	}
-	v.pods(path.Child("podSelectorEndpoints"), spec.PodSelectorEndpoints)
+	v.pe.Pods = v.pods(path.Child("podSelectorEndpoints"), spec.PodSelectorEndpoints)
 	v.pe.Ingress = v.rules(path.Child("ingress"), spec.Ingress, v.pe.IsolatesIngress, "Ingress")
 	v.pe.Egress = v.rules(path.Child("egress"), spec.Egress, v.pe.IsolatesEgress, "Egress")
 }
@@ -282,7 +347,9 @@ func (v *validator) withinLimits(path *field.Path, spec *policyEndpointSpec) boo
 	return len(v.errs) == 0
 }
 
-func (v *validator) pods(path *field.Path, pods []podEndpoint) {
+// pods reads podSelectorEndpoints: one entry per pod IP, the first of each.
+func (v *validator) pods(path *field.Path, pods []podEndpoint) []PodEndpoint {
+	var out []PodEndpoint
 	seen := map[netip.Addr]int{}
 	for i, pod := range pods {
 		p := path.Index(i)
@@ -301,8 +368,9 @@ func (v *validator) pods(path *field.Path, pods []podEndpoint) {
 			continue
 		}
 		seen[ep.PodIP] = i
-		v.pe.Pods = append(v.pe.Pods, ep)
+		out = append(out, ep)
 	}
+	return out
 }
 
 // address parses a pod or host IP: an IPv4 or IPv6 address, not

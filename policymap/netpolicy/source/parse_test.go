@@ -61,7 +61,7 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 	}{
 		{"bad yaml", "a: [", "f.yaml: not valid YAML or JSON"},
 		{"duplicate key", minimal("  podIsolation: [Egress]\n  podIsolation: [Ingress]\n"), `f.yaml: not valid YAML or JSON`},
-		{"not a mapping", "- a", "f.yaml: want a PolicyEndpoint or a List"},
+		{"not a mapping", "- a", "f.yaml: want a PolicyEndpoint, a ClusterPolicyEndpoint or a List"},
 		{"two JSON values in a document", `{"apiVersion": "v1"} {"kind": "List"}`, "f.yaml: not valid YAML or JSON: data after the first value"},
 		{"no kind", "apiVersion: v1", "f.yaml: field kind is missing"},
 		{"wrong kind", "apiVersion: v1\nkind: ConfigMap", `f.yaml: field kind: value "ConfigMap" is not PolicyEndpoint`},
@@ -94,7 +94,7 @@ func TestParseErrorsNameFileFieldAndValue(t *testing.T) {
 		{"selector expression", minimal("  podSelector: {matchExpressions: [{key: a, operator: In, value: [b]}]}\n"),
 			`field spec.podSelector.matchExpressions[0].value: unknown field "value" (known: key, operator, values)`},
 		{"rule type", minimal("  ingress: [{cidr: 10.0.0.0/8}, 10.1.0.0/16]\n"), `ns/p: field spec.ingress[1]: value "10.1.0.0/16" is not a mapping`},
-		{"kind type", "kind: [PolicyEndpoint]", `f.yaml: field kind: value [PolicyEndpoint] is not PolicyEndpoint, PolicyEndpointList or List`},
+		{"kind type", "kind: [PolicyEndpoint]", `f.yaml: field kind: value [PolicyEndpoint] is not PolicyEndpoint, ClusterPolicyEndpoint, PolicyEndpointList, ClusterPolicyEndpointList or List`},
 		{"list field", "apiVersion: v1\nkind: List\nitem: []", `f.yaml: field item: unknown field "item" (known: apiVersion, kind, metadata, items)`},
 		{"item not a mapping", "apiVersion: v1\nkind: List\nitems: [x]", `f.yaml: field items[0]: value "x" is not a mapping`},
 		{"unknown item field", "apiVersion: v1\nkind: List\nitems: [{kind: PolicyEndpoint, apiVersion: networking.k8s.aws/v1alpha1, metadata: {name: a, namespace: b}, spec: {policyRef: {name: a}, egress: [{cidr: 10.0.0.0/8, ports: [{port: 80, prot: UDP}]}]}}]",

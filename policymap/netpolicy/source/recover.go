@@ -173,12 +173,14 @@ func standIn(pe *PolicyEndpoint, cause error) *PolicyEndpoint {
 	return pe
 }
 
-// resolve is what a file (or an object of the API server) puts in force
-// from objs, its objects as read, when some are not valid: each valid
-// object; for a key with an invalid copy (or two copies), its last good
-// version in last, or else the union of its copies' stand-ins (pods and
-// isolation). When the key of an object cannot be read, every last good
-// object stays: it may be that one.
+// resolve is the PolicyEndpoints a file (or an object of the API server)
+// puts in force from objs, its objects as read, when some are not valid:
+// each valid object; for a key with an invalid copy (or two copies), its
+// last good version in last, or else the union of its copies' stand-ins
+// (pods and isolation). When the key of an object cannot be read, or the
+// kind of one (it may be a PolicyEndpoint), every last good object stays:
+// it may be that one. The ClusterPolicyEndpoints of objs are
+// resolveClusters'.
 func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 	lastByKey := map[string]*PolicyEndpoint{}
 	for _, pe := range last {
@@ -188,6 +190,10 @@ func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 	copies := map[string][]parsedObject{}
 	unknownKey := false
 	for _, o := range objs {
+		unknownKey = unknownKey || (o.err != nil && o.guessed)
+		if o.pe == nil {
+			continue
+		}
 		k := o.pe.Key()
 		if copies[k] == nil {
 			keys = append(keys, k)

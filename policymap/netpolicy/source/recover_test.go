@@ -97,7 +97,11 @@ func TestPolicySourceRereadsInvalidFile(t *testing.T) {
 	}
 	s := &policySource{Source: &filesource.Source[*PolicyEndpoint, string]{Dir: dir}, node: nodeconfig.Config{EnableIPv4: true}}
 	for i := range 3 {
-		in, err := s.read()
+		pe, cpe := s.read()
+		in, err := pe.in, pe.err
+		if cpe.err != nil || len(cpe.in.Rows) != 0 {
+			t.Fatalf("read %d: ClusterPolicyEndpoints %+v, %v", i, cpe.in, cpe.err)
+		}
 		var unknown interface{ Unwrap() []error }
 		if !errors.As(err, &unknown) || len(in.Rows) != 1 || !in.Rows[0].StandIn || len(in.Rows[0].Warnings) != 1 || in.Incomplete {
 			t.Fatalf("read %d: %+v, %v", i, in, err)

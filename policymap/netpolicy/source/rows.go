@@ -2,11 +2,14 @@ package source
 
 import "github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 
-// The rows of policy-endpoints (package endpoints) that the source writes,
-// by the names its decoder (parse.go) uses: aliases, the same types.
+// The rows of policy-endpoints and cluster-policy-endpoints (package
+// endpoints) that the source writes, by the names its decoder (parse.go,
+// parse_cluster.go) uses: aliases, the same types.
 type (
-	PolicyEndpoint = endpoints.PolicyEndpoint
-	PodEndpoint    = endpoints.PodEndpoint
-	Rule           = endpoints.Rule
-	Port           = endpoints.Port
+	PolicyEndpoint        = endpoints.PolicyEndpoint
+	PodEndpoint           = endpoints.PodEndpoint
+	Rule                  = endpoints.Rule
+	Port                  = endpoints.Port
+	ClusterPolicyEndpoint = endpoints.ClusterPolicyEndpoint
+	ClusterRule           = endpoints.ClusterRule
 )

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/hive/cell"
+
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/filewatch"
@@ -22,37 +25,49 @@ import (
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
-// policySource keeps policy-endpoints equal to the PolicyEndpoint files of
-// a directory. Each file stands alone, and fails closed (recover.go): in a
-// file that is not valid, each valid object applies, an invalid one keeps
-// its last good version, and one without a last good version is replaced
-// by its stand-in, which isolates the pods it names in the directions it
-// names; the source is Degraded, naming the file, field and value, until
-// the file is valid. The table is initialized after the first read of the
-// directory whatever the files hold, so that enforcement starts; only a
-// file that cannot be read at all (not a regular file, no permission, too
-// large) and never was read puts nothing in force.
+// policySource keeps policy-endpoints and cluster-policy-endpoints equal to
+// the PolicyEndpoint and ClusterPolicyEndpoint files of a directory: the
+// kind of each document decides its table, and a file may hold both. Each
+// file stands alone, and fails closed (recover.go, recover_cluster.go): in
+// a file that is not valid, each valid object applies, an invalid one keeps
+// its last good version, and one without a last good version is replaced by
+// its stand-in (a PolicyEndpoint's isolates the pods it names in the
+// directions it names; a ClusterPolicyEndpoint's denies its pods everything
+// but their node); each table's source is Degraded, naming the file, field
+// and value, until its objects are valid. Both tables are initialized after
+// the first read of the directory whatever the files hold, so that
+// enforcement starts; only a file that cannot be read at all (not a regular
+// file, no permission, too large) and never was read puts nothing in force.
 type policySource struct {
 	*filesource.Source[*PolicyEndpoint, string] // Dir is the directory
-	node                                        nodeconfig.Config
-	files                                       filesource.Parts[*policyFile] // last good version, by file name
+	// cluster is the source of cluster-policy-endpoints: the same read of
+	// the directory (or, with the API server, a watch of its own).
+	cluster *filesource.Source[*ClusterPolicyEndpoint, string]
+	node    nodeconfig.Config
+	files   filesource.Parts[*policyFile] // last good version, by file name
 }
 
 // policyFile is the last good version of one file.
 type policyFile struct {
 	digest    [sha256.Size]byte
 	endpoints []*PolicyEndpoint
+	clusters  []*ClusterPolicyEndpoint
 }
 
-// newPolicySource is the source of the directory settings.Path. base is
-// what the cell gives it: log, database, table, initializer and metrics.
-func newPolicySource(settings Settings, node nodeconfig.Config, base filesource.Source[*PolicyEndpoint, string]) *policySource {
+// ClusterScope is the health scope, below the source's job, of
+// cluster-policy-endpoints.
+const ClusterScope = "cluster-policy-endpoints"
+
+// newPolicySource is the source of the directory settings.Path. base and
+// clusterBase are what the cell gives it for each table: log, database,
+// table, initializer and metrics.
+func newPolicySource(settings Settings, node nodeconfig.Config, base filesource.Source[*PolicyEndpoint, string],
+	clusterBase filesource.Source[*ClusterPolicyEndpoint, string]) *policySource {
 	dir, resync := settings.Path, settings.Resync
 	s := &policySource{node: node}
 	s.Source = &filesource.Source[*PolicyEndpoint, string]{
 		Dir:    dir,
 		Period: func() time.Duration { return resync },
-		Read:   s.read,
 		Failure: filesource.Always(filesource.Failure{Log: "Invalid PolicyEndpoints: their last good versions stay, or their pods are isolated",
 			Health: "invalid PolicyEndpoint files: their last good objects stay, or their pods are isolated", Announce: true}),
 		Messages: filesource.Messages{
@@ -67,37 +82,98 @@ func newPolicySource(settings Settings, node nodeconfig.Config, base filesource.
 			Same:  func(old, pe *PolicyEndpoint) bool { return old == pe || reflect.DeepEqual(old, pe) },
 		},
 	}
+	s.cluster = &filesource.Source[*ClusterPolicyEndpoint, string]{
+		Dir:    dir,
+		Period: func() time.Duration { return resync },
+		Failure: filesource.Always(filesource.Failure{Log: "Invalid ClusterPolicyEndpoints: their last good versions stay, or their pods are denied everything but their node",
+			Health: "invalid ClusterPolicyEndpoint files: their last good objects stay, or their pods are denied everything but their node", Announce: true}),
+		Messages: filesource.Messages{
+			Warning:    filesource.Line{Msg: "ClusterPolicyEndpoint"},
+			Applied:    filesource.Line{Msg: "Applied ClusterPolicyEndpoints"},
+			ValidAgain: filesource.Line{Msg: "ClusterPolicyEndpoint files are valid again", Attrs: []any{"dir", dir}},
+		},
+		Log: clusterBase.Log, DB: clusterBase.DB, Table: clusterBase.Table, InitDone: clusterBase.InitDone, Metrics: clusterBase.Metrics,
+		Rows: tablesync.Rows[*ClusterPolicyEndpoint, string]{
+			Key:   (*ClusterPolicyEndpoint).Key,
+			Query: endpoints.ClusterPolicyEndpointNameIndex.Query,
+			Same:  func(old, cpe *ClusterPolicyEndpoint) bool { return old == cpe || reflect.DeepEqual(old, cpe) },
+		},
+	}
 	return s
 }
 
+// Run reads the directory at start, after every change in it (or in its
+// nearest existing ancestor while it is missing) and every period, until ctx
+// is done, and puts each read into both tables: policy-endpoints reports on
+// health, cluster-policy-endpoints on its scope ClusterScope.
+func (s *policySource) Run(ctx context.Context, health cell.Health) error {
+	clusterHealth := health.NewScope(ClusterScope)
+	return filewatch.Watch(ctx, s.Log, filewatch.Options{Dir: s.Dir, Period: s.Period, Settle: s.Settle}, func() {
+		pe, cpe := s.read()
+		s.Update(health, pe.in, pe.err)
+		s.cluster.Update(clusterHealth, cpe.in, cpe.err)
+	})
+}
+
+// readResult is what a read of the directory gives one table.
+type readResult[T any] struct {
+	in  *filesource.Input[T]
+	err error
+}
+
+// fileErrors are the errors of one file, by the kind of the objects they
+// are about; an error about no object (the file cannot be read) is both's.
+type fileErrors struct{ pe, cpe error }
+
 // read reads the directory: the objects of each file (for a file that is
-// not valid, what resolve puts in force), merged, and the errors of the
-// files in error.
-func (s *policySource) read() (*filesource.Input[*PolicyEndpoint], error) {
+// not valid, what resolve and resolveClusters put in force), merged by
+// kind, and the errors of the files in error, by kind.
+func (s *policySource) read() (readResult[*PolicyEndpoint], readResult[*ClusterPolicyEndpoint]) {
 	names, summary, err := s.listFiles()
 	if err != nil {
-		return nil, err
+		return readResult[*PolicyEndpoint]{err: err}, readResult[*ClusterPolicyEndpoint]{err: err}
 	}
 	var mu sync.Mutex
 	invalid := map[string]*policyFile{} // what a file in error puts in force
-	files, _, errs := s.files.Read(names, func(name string, last *policyFile) (*policyFile, error) {
-		f, inForce, err := s.readFile(name, last)
-		if inForce != nil {
+	errsOf := map[string]fileErrors{}
+	files, _, _ := s.files.Read(names, func(name string, last *policyFile) (*policyFile, error) {
+		f, inForce, errs := s.readFile(name, last)
+		if inForce != nil || errs != (fileErrors{}) {
 			mu.Lock()
-			invalid[name] = inForce
+			if inForce != nil {
+				invalid[name] = inForce
+			}
+			errsOf[name] = errs
 			mu.Unlock()
 		}
-		return f, err
+		if errs != (fileErrors{}) {
+			return nil, errors.Join(errs.pe, errs.cpe)
+		}
+		return f, nil
 	})
 	files = maps.Clone(files) // Parts' own map holds the good versions only
 	maps.Copy(files, invalid)
-	in := s.input(merge(names, files))
-	slices.Sort(in.Warnings)
-	in.Summary = summary
-	if summary == "" {
-		in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(in.Rows), len(names), s.Dir)
+	var peErrs, cpeErrs []error
+	for _, name := range names {
+		peErrs = append(peErrs, errsOf[name].pe)
+		cpeErrs = append(cpeErrs, errsOf[name].cpe)
 	}
-	return in, joinErrors(errs)
+
+	desired, extra := merge(names, files)
+	pe := readResult[*PolicyEndpoint]{in: s.input(desired, extra), err: joinErrors(errors.Join(peErrs...))}
+	slices.Sort(pe.in.Warnings)
+	pe.in.Summary = summary
+	if summary == "" {
+		pe.in.Summary = fmt.Sprintf("%d PolicyEndpoints from %d files in %s", len(pe.in.Rows), len(names), s.Dir)
+	}
+	clusters, clusterExtra := mergeClusters(names, files)
+	cpe := readResult[*ClusterPolicyEndpoint]{in: s.clusterInput(clusters, clusterExtra), err: joinErrors(errors.Join(cpeErrs...))}
+	slices.Sort(cpe.in.Warnings)
+	cpe.in.Summary = strings.ReplaceAll(summary, "no PolicyEndpoints", "no ClusterPolicyEndpoints")
+	if summary == "" {
+		cpe.in.Summary = fmt.Sprintf("%d ClusterPolicyEndpoints from %d files in %s", len(cpe.in.Rows), len(names), s.Dir)
+	}
+	return pe, cpe
 }
 
 // listFiles returns the names of the files in the directory, sorted,
@@ -131,35 +207,67 @@ func (s *policySource) listFiles() ([]string, string, error) {
 }
 
 // readFile reads and parses one file, reusing the last good parse when the
-// content is unchanged. For a file that is not valid it returns the error
-// and what the file puts in force (resolve), unless nothing of it can be
-// read (then its last good version stays).
-func (s *policySource) readFile(name string, last *policyFile) (good, inForce *policyFile, err error) {
+// content is unchanged. For a file that is not valid it returns the errors,
+// by kind, and what the file puts in force (resolve, resolveClusters),
+// unless nothing of it can be read (then its last good version stays).
+func (s *policySource) readFile(name string, last *policyFile) (good, inForce *policyFile, errs fileErrors) {
 	path := filepath.Join(s.Dir, name)
 	data, err := filewatch.ReadRegular(path, MaxPolicyEndpointFileSize)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fileErrors{err, err}
 	}
 	digest := sha256.Sum256(data)
 	if last != nil && last.digest == digest {
-		return last, nil, nil
+		return last, nil, fileErrors{}
 	}
 	objs, err := parsePolicyFile(path, data)
 	if err != nil {
 		if len(objs) == 0 {
-			return nil, nil, err
+			return nil, nil, fileErrors{err, err}
 		}
 		var lastGood []*PolicyEndpoint
+		var lastClusters []*ClusterPolicyEndpoint
 		if last != nil {
-			lastGood = last.endpoints
+			lastGood, lastClusters = last.endpoints, last.clusters
 		}
-		return nil, &policyFile{endpoints: resolve(objs, lastGood)}, err
+		// An error is its object's kind's; that of an object whose kind is
+		// guessed is also the other kind's when the file had last good
+		// objects of it (they stay, as it may be one of them).
+		var pes, cpes []error
+		add := func(errs []error, err error) []error {
+			if slices.Contains(errs, err) {
+				return errs
+			}
+			return append(errs, err)
+		}
+		for _, o := range objs {
+			switch {
+			case o.err == nil:
+				continue
+			case o.cpe != nil:
+				cpes = add(cpes, o.err)
+			default:
+				pes = add(pes, o.err)
+			}
+			if o.guessed && len(lastGood) > 0 {
+				pes = add(pes, o.err)
+			}
+			if o.guessed && len(lastClusters) > 0 {
+				cpes = add(cpes, o.err)
+			}
+		}
+		return nil, &policyFile{endpoints: resolve(objs, lastGood), clusters: resolveClusters(objs, lastClusters)},
+			fileErrors{errors.Join(pes...), errors.Join(cpes...)}
 	}
-	pes := make([]*PolicyEndpoint, 0, len(objs))
+	f := &policyFile{digest: digest}
 	for _, o := range objs {
-		pes = append(pes, o.pe)
+		if o.cpe != nil {
+			f.clusters = append(f.clusters, o.cpe)
+		} else {
+			f.endpoints = append(f.endpoints, o.pe)
+		}
 	}
-	return &policyFile{digest: digest, endpoints: pes}, nil, nil
+	return f, nil, fileErrors{}
 }
 
 // merge returns the objects of all files by key, and the warnings to add

@@ -105,11 +105,17 @@ func (s *policyK8sSource) run(ctx context.Context, health cell.Health) error {
 // node-ips is initialized: before that, no pod can be said not to be this
 // node's.
 func (s *policyK8sSource) addresses() (map[netip.Addr]bool, error) {
-	txn := s.DB.ReadTxn()
-	if ok, _ := s.nodeIPs.Initialized(txn); !ok {
-		return nil, fmt.Errorf("waiting for the %s table (pending: %v)", nodeips.TableName, s.nodeIPs.PendingInitializers(txn))
+	return nodeAddresses(s.DB, s.nodeIPs)
+}
+
+// nodeAddresses is the set of this node's addresses in nodeIPs, once it is
+// initialized.
+func nodeAddresses(db *statedb.DB, nodeIPs statedb.Table[*nodeips.NodeIP]) (map[netip.Addr]bool, error) {
+	txn := db.ReadTxn()
+	if ok, _ := nodeIPs.Initialized(txn); !ok {
+		return nil, fmt.Errorf("waiting for the %s table (pending: %v)", nodeips.TableName, nodeIPs.PendingInitializers(txn))
 	}
-	return nodeips.Set(txn, s.nodeIPs), nil
+	return nodeips.Set(txn, nodeIPs), nil
 }
 
 func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapshot) {
@@ -144,7 +150,7 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 			}
 			stand := recoverAPIObject(key, obj.Object, err)
 			invalidMu.Lock()
-			invalid[key] = &policyObject{pe: resolve([]parsedObject{{stand, err}}, lastGood)[0]}
+			invalid[key] = &policyObject{pe: resolve([]parsedObject{{pe: stand, err: err}}, lastGood)[0]}
 			invalidMu.Unlock()
 			return nil, err
 		}

@@ -93,3 +93,45 @@ type policyEndpointList struct {
 	Metadata   metav1.ListMeta   `json:"metadata"`
 	Items      []json.RawMessage `json:"items"`
 }
+
+// The wire shape of networking.k8s.aws/v1alpha1 ClusterPolicyEndpoint
+// objects (cluster-scoped), as the AWS network policy controller writes
+// them for a ClusterNetworkPolicy: api/v1alpha1/clusterpolicyendpoints_types.go
+// of aws-network-policy-agent v1.5.0. Decoded strictly, as PolicyEndpoints.
+
+// clusterPolicyEndpointObject is one ClusterPolicyEndpoint.
+type clusterPolicyEndpointObject struct {
+	APIVersion string                     `json:"apiVersion"`
+	Kind       string                     `json:"kind"`
+	Metadata   objectMeta                 `json:"metadata"`
+	Spec       *clusterPolicyEndpointSpec `json:"spec"`
+	Status     json.RawMessage            `json:"status"` // ignored
+}
+
+type clusterPolicyEndpointSpec struct {
+	PolicyRef *clusterPolicyReference `json:"policyRef"`
+	Tier      string                  `json:"tier"` // Admin, Baseline
+	// Priority is an int64 so that a value out of int32 is told as out of
+	// range, not as of the wrong type.
+	Priority             *int64                `json:"priority"`
+	PodSelectorEndpoints []podEndpoint         `json:"podSelectorEndpoints"`
+	Ingress              []clusterEndpointInfo `json:"ingress"`
+	Egress               []clusterEndpointInfo `json:"egress"`
+}
+
+// clusterPolicyReference is the ClusterNetworkPolicy (cluster-scoped: a
+// name only).
+type clusterPolicyReference struct {
+	Name string `json:"name"`
+}
+
+// clusterEndpointInfo is a rule: a CIDR (or an address) and ports, and
+// what to do with what it matches. DomainName is egress-only (FQDN peers):
+// it is not enforced, and the AWS agent v1.5.0 skips an egress entry
+// without a cidr (see clusterValidator.rules). There are no excepts.
+type clusterEndpointInfo struct {
+	CIDR       string     `json:"cidr"`
+	Ports      []portInfo `json:"ports"`
+	DomainName string     `json:"domainName"`
+	Action     string     `json:"action"` // Accept, Deny, Pass
+}
