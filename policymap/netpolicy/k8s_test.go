@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,14 +31,20 @@ import (
 // TestPrivilegedK8sScripts runs testdata/k8s/*.txtar, each against its own
 // real API server ($KUBECONFIG, and the k8s/... commands of k8stest), with
 // the PolicyEndpoints from the API. This node's addresses are 192.168.0.1
-// and 192.168.0.3 (instead of the interfaces' addresses).
+// and 192.168.0.3 (instead of the interfaces' addresses). $DEPLOY is
+// Documentation/deploy, whose manifests (the ClusterPolicyEndpoint CRD) a
+// script may apply.
 func TestPrivilegedK8sScripts(t *testing.T) {
 	celltest.RequireRoot(t)
+	deploy, err := filepath.Abs(filepath.Join("..", "..", "Documentation", "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	k8stest.Scripts(t, "testdata/k8s/*.txtar", func(t *testing.T, c *k8stest.Cluster, file string, archive *txtar.Archive, args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		t.Cleanup(cancel)
 		work := t.TempDir()
-		s, err := script.NewState(ctx, work, []string{"WORK=" + work, "KUBECONFIG=" + c.Kubeconfig})
+		s, err := script.NewState(ctx, work, []string{"WORK=" + work, "KUBECONFIG=" + c.Kubeconfig, "DEPLOY=" + deploy})
 		if err != nil {
 			t.Fatal(err)
 		}
