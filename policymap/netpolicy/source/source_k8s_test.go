@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -66,5 +67,71 @@ func TestPodsOnNode(t *testing.T) {
 	all := &PolicyEndpoint{Pods: pe.Pods[:1]}
 	if got := podsOnNode(all, map[netip.Addr]bool{a("10.0.0.1"): true}); got != all {
 		t.Errorf("all pods of this node: want the object itself")
+	}
+}
+
+// clusterCRD is the ClusterPolicyEndpoint CRD of Documentation/deploy.
+const clusterCRD = "../../../Documentation/deploy/network-policy/crds/clusterpolicyendpoints.networking.k8s.aws.yaml"
+
+// TestClusterPolicyEndpointFileAndAPI: the same ClusterPolicyEndpoint read
+// from a file and from the API server (with the CRD of Documentation/deploy
+// and the server's metadata) gives the same object, but for File; the CRD
+// admits what the controller v1.5.0 writes.
+func TestClusterPolicyEndpointFileAndAPI(t *testing.T) {
+	c := k8stest.Start(t)
+	dir := t.TempDir()
+	crd, err := os.ReadFile(clusterCRD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "crd.yaml"), crd, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.InstallCRDs(t, dir)
+
+	data := []byte(`apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterPolicyEndpoint
+metadata: {name: admin-x1}
+spec:
+  policyRef: {name: admin}
+  tier: Admin
+  priority: 10
+  podSelectorEndpoints:
+  - {hostIP: 10.0.0.1, podIP: 10.0.0.5, name: web-0, namespace: shop}
+  ingress:
+  - {cidr: 10.1.0.0/16, ports: [{protocol: UDP, port: 53, endPort: 54}], action: Deny}
+  egress:
+  - {domainName: "*.example.com", ports: [{port: 443}], action: Accept}
+  - {cidr: "fd00::/8", action: Pass}
+`)
+	path := filepath.Join(dir, "cpe.yaml")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := ParseClusterPolicyEndpoints(path, data)
+	if err != nil || len(fromFile) != 1 {
+		t.Fatalf("file: %v %v", fromFile, err)
+	}
+	applied := c.ApplyFile(t, path)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obj, err := c.Get(ctx, applied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if obj.GetUID() == "" || obj.GetNamespace() != "" || len(obj.GetManagedFields()) == 0 {
+		t.Fatalf("want the server's metadata, no namespace, in %v", obj.Object)
+	}
+	fromAPI, err := parseClusterAPIObject(obj.GetName(), obj.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fromAPI.File != "clusterpolicyendpoints/admin-x1" {
+		t.Errorf("File %q", fromAPI.File)
+	}
+	a, b := *fromFile[0], *fromAPI
+	a.File, b.File = "", ""
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("file and API differ:\nfile %+v\napi  %+v", a, b)
 	}
 }
