@@ -132,7 +132,7 @@ func TestParseClusterErrorsNameFileFieldAndValue(t *testing.T) {
 		{"api version", strings.Replace(clusterMinimal(""), "v1alpha1", "v1", 1), `f.yaml: field apiVersion: value "networking.k8s.aws/v1" is not networking.k8s.aws/v1alpha1`},
 		{"no name", "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterPolicyEndpoint\nmetadata: {}\nspec: {}", "f.yaml: field metadata.name is missing"},
 		{"name with #", strings.Replace(clusterMinimal(""), "name: c}", "name: 'c#1'}", 1), `field metadata.name: value "c#1" is not an object name (no '#')`},
-		{"too many rules", clusterMinimal("  egress:\n"+strings.Repeat("  - {cidr: 10.0.0.0/8, action: Deny}\n", MaxPolicyEndpointRules+1)),
+		{"too many rules", clusterMinimal("  egress:\n" + strings.Repeat("  - {cidr: 10.0.0.0/8, action: Deny}\n", MaxPolicyEndpointRules+1)),
 			fmt.Sprintf("c: field spec: %d rules (ingress and egress), a ClusterPolicyEndpoint may have at most %d", MaxPolicyEndpointRules+1, MaxPolicyEndpointRules)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
