@@ -16,7 +16,8 @@ import (
 // one, so one bad entry never keeps the others out.
 func (o *Ops[E]) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[E]) {
 	maps := o.snapshot()
-	for _, g := range groupByMap(batch) {
+	failed := o.writeSpills(batch)
+	for _, g := range groupByMap(batch, failed) {
 		m, ok := maps[g.name]
 		if !ok {
 			failGroup(batch, g, "update")
@@ -31,7 +32,7 @@ func (o *Ops[E]) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []rec
 // its error and the batch goes on from the next one.
 func (o *Ops[E]) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[E]) {
 	maps := o.snapshot()
-	for _, g := range groupByMap(batch) {
+	for _, g := range groupByMap(batch, nil) {
 		m, ok := maps[g.name]
 		if !ok {
 			failGroup(batch, g, "delete")
@@ -48,13 +49,14 @@ type mapGroup struct {
 }
 
 // groupByMap groups the batch by map name, keeping batch order within each
-// group. Entries with no map name are skipped: their result stays nil.
-func groupByMap[E Entry](batch []reconciler.BatchEntry[E]) []mapGroup {
+// group. Entries with no map name are skipped: their result stays nil; so
+// are those marked in skip (their result is set).
+func groupByMap[E Entry](batch []reconciler.BatchEntry[E], skip []bool) []mapGroup {
 	var groups []mapGroup
 	last := -1
 	for i := range batch {
 		name := batch[i].Object.MapName()
-		if name == "" {
+		if name == "" || skip != nil && skip[i] {
 			continue
 		}
 		if last < 0 || groups[last].name != name {

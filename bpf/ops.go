@@ -56,8 +56,9 @@ type ReconcilerOps[E any] interface {
 // rest of its batch is applied, and pruning deletes stale keys regardless.
 // The zero value has no maps; add them with SetMap.
 type Ops[E Entry] struct {
-	mu   sync.Mutex                     // serializes SetMap
-	maps atomic.Pointer[map[string]Map] // copy-on-write, read lock-free
+	mu    sync.Mutex                     // serializes SetMap
+	maps  atomic.Pointer[map[string]Map] // copy-on-write, read lock-free
+	spill spillState
 }
 
 var _ ReconcilerOps[Entry] = (*Ops[Entry])(nil)
@@ -108,6 +109,9 @@ func (o *Ops[E]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 	}
 	name, key, value := e.MapName(), e.MapKey(), e.MapValue()
 	if err := checkSizes(m, name, key, value); err != nil {
+		return err
+	}
+	if err := o.writeSpill(e); err != nil {
 		return err
 	}
 	if err := m.Put(key, value); err != nil {

@@ -10,7 +10,7 @@ import (
 func TestGroupByMap(t *testing.T) {
 	mk := func(name string) *testEntry { return newTestEntry(name, nil, nil) }
 	batch := batchOf(mk("a"), mk("b"), mk(""), mk("a"), mk("c"), mk("b"), mk("a"))
-	groups := groupByMap(batch)
+	groups := groupByMap(batch, nil)
 	want := []mapGroup{{"a", []int{0, 3, 6}}, {"b", []int{1, 5}}, {"c", []int{4}}}
 	if len(groups) != len(want) {
 		t.Fatalf("groups %v, want %v", groups, want)

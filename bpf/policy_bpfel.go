@@ -13,6 +13,23 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type policyChunk struct {
+	_  structs.HostLayout
+	Iv [64]struct {
+		_      structs.HostLayout
+		Lo     uint32
+		Hi     uint32
+		First  uint32
+		Second uint32
+	}
+}
+
+type policyChunkKey struct {
+	_     structs.HostLayout
+	List  [16]uint8
+	Index uint32
+}
+
 type policyCtKey struct {
 	_        structs.HostLayout
 	Pod      [16]uint8
@@ -65,12 +82,16 @@ type policyPolicyV6Key struct {
 }
 
 type policyPolicyValue struct {
-	_       structs.HostLayout
-	Entries [24]struct {
-		_         structs.HostLayout
-		Protocol  uint32
-		StartPort uint32
-		EndPort   uint32
+	_     structs.HostLayout
+	Flags uint32
+	Count uint32
+	List  [16]uint8
+	Iv    [32]struct {
+		_      structs.HostLayout
+		Lo     uint32
+		Hi     uint32
+		First  uint32
+		Second uint32
 	}
 }
 
@@ -78,16 +99,24 @@ type policyPolicyValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapEnimasqEgressV4    = "enimasq_egress_v4"
-	policyMapEnimasqEgressV6    = "enimasq_egress_v6"
-	policyMapEnimasqIngressV4   = "enimasq_ingress_v4"
-	policyMapEnimasqIngressV6   = "enimasq_ingress_v6"
-	policyMapEnimasqPolicyCt    = "enimasq_policy_ct"
-	policyMapEnimasqPolicyFrags = "enimasq_policy_frags"
-	policyMapEnimasqPolicyMode  = "enimasq_policy_mode"
-	policyMapEnimasqPolicyPods  = "enimasq_policy_pods"
-	policyProgPolicyEgress      = "policy_egress"
-	policyProgPolicyIngress     = "policy_ingress"
+	policyMapEnimasqClusterChunks    = "enimasq_cluster_chunks"
+	policyMapEnimasqClusterEgressV4  = "enimasq_cluster_egress_v4"
+	policyMapEnimasqClusterEgressV6  = "enimasq_cluster_egress_v6"
+	policyMapEnimasqClusterIngressV4 = "enimasq_cluster_ingress_v4"
+	policyMapEnimasqClusterIngressV6 = "enimasq_cluster_ingress_v6"
+	policyMapEnimasqEgressV4         = "enimasq_egress_v4"
+	policyMapEnimasqEgressV6         = "enimasq_egress_v6"
+	policyMapEnimasqIngressV4        = "enimasq_ingress_v4"
+	policyMapEnimasqIngressV6        = "enimasq_ingress_v6"
+	policyMapEnimasqPolicyChunks     = "enimasq_policy_chunks"
+	policyMapEnimasqPolicyCt         = "enimasq_policy_ct"
+	policyMapEnimasqPolicyEvents     = "enimasq_policy_events"
+	policyMapEnimasqPolicyFrags      = "enimasq_policy_frags"
+	policyMapEnimasqPolicyMode       = "enimasq_policy_mode"
+	policyMapEnimasqPolicyPods       = "enimasq_policy_pods"
+	policyMapEnimasqPolicyVerdicts   = "enimasq_policy_verdicts"
+	policyProgPolicyEgress           = "policy_egress"
+	policyProgPolicyIngress          = "policy_ingress"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -140,14 +169,22 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	EnimasqEgressV4    *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6    *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4   *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6   *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
-	EnimasqPolicyCt    *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
-	EnimasqPolicyFrags *ebpf.MapSpec `ebpf:"enimasq_policy_frags"`
-	EnimasqPolicyMode  *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
-	EnimasqPolicyPods  *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
+	EnimasqClusterChunks    *ebpf.MapSpec `ebpf:"enimasq_cluster_chunks"`
+	EnimasqClusterEgressV4  *ebpf.MapSpec `ebpf:"enimasq_cluster_egress_v4"`
+	EnimasqClusterEgressV6  *ebpf.MapSpec `ebpf:"enimasq_cluster_egress_v6"`
+	EnimasqClusterIngressV4 *ebpf.MapSpec `ebpf:"enimasq_cluster_ingress_v4"`
+	EnimasqClusterIngressV6 *ebpf.MapSpec `ebpf:"enimasq_cluster_ingress_v6"`
+	EnimasqEgressV4         *ebpf.MapSpec `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6         *ebpf.MapSpec `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4        *ebpf.MapSpec `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6        *ebpf.MapSpec `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyChunks     *ebpf.MapSpec `ebpf:"enimasq_policy_chunks"`
+	EnimasqPolicyCt         *ebpf.MapSpec `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyEvents     *ebpf.MapSpec `ebpf:"enimasq_policy_events"`
+	EnimasqPolicyFrags      *ebpf.MapSpec `ebpf:"enimasq_policy_frags"`
+	EnimasqPolicyMode       *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods       *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
+	EnimasqPolicyVerdicts   *ebpf.MapSpec `ebpf:"enimasq_policy_verdicts"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -176,26 +213,42 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	EnimasqEgressV4    *ebpf.Map `ebpf:"enimasq_egress_v4"`
-	EnimasqEgressV6    *ebpf.Map `ebpf:"enimasq_egress_v6"`
-	EnimasqIngressV4   *ebpf.Map `ebpf:"enimasq_ingress_v4"`
-	EnimasqIngressV6   *ebpf.Map `ebpf:"enimasq_ingress_v6"`
-	EnimasqPolicyCt    *ebpf.Map `ebpf:"enimasq_policy_ct"`
-	EnimasqPolicyFrags *ebpf.Map `ebpf:"enimasq_policy_frags"`
-	EnimasqPolicyMode  *ebpf.Map `ebpf:"enimasq_policy_mode"`
-	EnimasqPolicyPods  *ebpf.Map `ebpf:"enimasq_policy_pods"`
+	EnimasqClusterChunks    *ebpf.Map `ebpf:"enimasq_cluster_chunks"`
+	EnimasqClusterEgressV4  *ebpf.Map `ebpf:"enimasq_cluster_egress_v4"`
+	EnimasqClusterEgressV6  *ebpf.Map `ebpf:"enimasq_cluster_egress_v6"`
+	EnimasqClusterIngressV4 *ebpf.Map `ebpf:"enimasq_cluster_ingress_v4"`
+	EnimasqClusterIngressV6 *ebpf.Map `ebpf:"enimasq_cluster_ingress_v6"`
+	EnimasqEgressV4         *ebpf.Map `ebpf:"enimasq_egress_v4"`
+	EnimasqEgressV6         *ebpf.Map `ebpf:"enimasq_egress_v6"`
+	EnimasqIngressV4        *ebpf.Map `ebpf:"enimasq_ingress_v4"`
+	EnimasqIngressV6        *ebpf.Map `ebpf:"enimasq_ingress_v6"`
+	EnimasqPolicyChunks     *ebpf.Map `ebpf:"enimasq_policy_chunks"`
+	EnimasqPolicyCt         *ebpf.Map `ebpf:"enimasq_policy_ct"`
+	EnimasqPolicyEvents     *ebpf.Map `ebpf:"enimasq_policy_events"`
+	EnimasqPolicyFrags      *ebpf.Map `ebpf:"enimasq_policy_frags"`
+	EnimasqPolicyMode       *ebpf.Map `ebpf:"enimasq_policy_mode"`
+	EnimasqPolicyPods       *ebpf.Map `ebpf:"enimasq_policy_pods"`
+	EnimasqPolicyVerdicts   *ebpf.Map `ebpf:"enimasq_policy_verdicts"`
 }
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
+		m.EnimasqClusterChunks,
+		m.EnimasqClusterEgressV4,
+		m.EnimasqClusterEgressV6,
+		m.EnimasqClusterIngressV4,
+		m.EnimasqClusterIngressV6,
 		m.EnimasqEgressV4,
 		m.EnimasqEgressV6,
 		m.EnimasqIngressV4,
 		m.EnimasqIngressV6,
+		m.EnimasqPolicyChunks,
 		m.EnimasqPolicyCt,
+		m.EnimasqPolicyEvents,
 		m.EnimasqPolicyFrags,
 		m.EnimasqPolicyMode,
 		m.EnimasqPolicyPods,
+		m.EnimasqPolicyVerdicts,
 	)
 }
 

@@ -24,6 +24,12 @@ const (
 	// PolicyFragsMapName is an LRU hash of the datagrams whose first
 	// fragment passed, whose later fragments follow its verdict.
 	PolicyFragsMapName = "enimasq_policy_frags"
+	// PolicyVerdictsMapName is a per-CPU array of the decisions' counts, by
+	// direction, verdict and step (VerdictCounterIndex).
+	PolicyVerdictsMapName = "enimasq_policy_verdicts"
+	// PolicyEventsMapName is the ring buffer of denied packets (with
+	// events on: PolicyModeEvents).
+	PolicyEventsMapName = "enimasq_policy_events"
 )
 
 // PolicyDefaultConntrackMax is the default size of the connection-tracking
@@ -37,7 +43,8 @@ const PolicyDefaultConntrackMax = 512 * 1024
 const PolicyConntrackEntryBytes = 128
 
 // policyStateMapNames are the maps of the programs' state.
-var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName, PolicyFragsMapName}
+var policyStateMapNames = []string{PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName, PolicyFragsMapName,
+	PolicyVerdictsMapName, PolicyEventsMapName}
 
 // PolicyMode is the enforcing mode of the policy programs
 // (--network-policy-enforcing-mode).
@@ -49,6 +56,9 @@ const (
 	// PolicyModeStrict: a pod that no policy selects is denied, so that a
 	// new pod has no traffic until its policy is in the kernel.
 	PolicyModeStrict PolicyMode = 1
+	// PolicyModeEvents is a flag of the mode word: denied packets go to
+	// the events ring buffer (--policy-event-logs).
+	PolicyModeEvents PolicyMode = 2
 )
 
 // ParsePolicyMode parses "standard" or "strict".
@@ -63,10 +73,14 @@ func ParsePolicyMode(s string) (PolicyMode, error) {
 }
 
 func (m PolicyMode) String() string {
-	if m == PolicyModeStrict {
-		return "strict"
+	s := "standard"
+	if m&PolicyModeStrict != 0 {
+		s = "strict"
 	}
-	return "standard"
+	if m&PolicyModeEvents != 0 {
+		s += "+events"
+	}
+	return s
 }
 
 // PolicyStateSpecs are the specs of the programs' state maps (tracked

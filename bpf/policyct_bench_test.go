@@ -29,14 +29,13 @@ func BenchmarkPolicyProgramPerPacket(b *testing.B) {
 	}
 	maps[PolicyCTMapName] = openPinnedForTest(b, ctSpec, dir)
 	pod, peer := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3")
-	// A pod with 1,000 peer prefixes, each with 24 port entries, the
-	// packet's port the last.
-	entries := make([]PortEntry, PolicyMaxPortEntries)
+	// A pod with 1,000 peer prefixes, each with 24 port entries (the AWS
+	// agent's most), the packet's port the last.
+	entries := make([]PortEntry, 24)
 	for i := range entries {
 		entries[i] = PortEntry{Protocol: ProtocolTCP, StartPort: uint32(1000 + i)}
 	}
-	v, _ := NewPolicyValue(entries)
-	val, _ := v.MarshalBinary()
+	val, _, _ := AllowValue(entries...).Encode()
 	for i := range 1000 {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 32)
 		if i == 0 {
@@ -63,7 +62,7 @@ func BenchmarkPolicyProgramPerPacket(b *testing.B) {
 
 	const runs = 100_000
 	denied, _ := PolicyTestFrame(pod, peer, uint8(ProtocolTCP), 40000, 999)
-	allowed, _ := PolicyTestFrame(pod, peer, uint8(ProtocolTCP), 40000, uint16(1000+PolicyMaxPortEntries-1))
+	allowed, _ := PolicyTestFrame(pod, peer, uint8(ProtocolTCP), 40000, uint16(1000+24-1))
 	egress, _ := prog.Programs()
 	per := func(p *ebpf.Program, frame []byte) float64 {
 		b.Helper()

@@ -174,8 +174,7 @@ func trackingProgram(t *testing.T, ctMax uint32, pod, peer netip.Addr, entries .
 		allow []PortEntry
 	}{{PolicyEgressV4MapName, netip.PrefixFrom(peer, 32), entries}, {PolicyIngressV4MapName, netip.MustParsePrefix("0.0.0.0/0"), nil}} {
 		key, _ := EncodePolicyKey(pod, e.peer)
-		v, _ := NewPolicyValue(e.allow)
-		b, _ := v.MarshalBinary()
+		b, _, _ := AllowValue(e.allow...).Encode()
 		if err := maps[e.m].Put(key, b); err != nil {
 			t.Fatal(err)
 		}

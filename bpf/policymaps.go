@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Direction is the direction of traffic a network-policy map governs, seen
@@ -58,12 +59,12 @@ const (
 	PolicyKeySizeV4 = PrefixLenSize + 4 + 4
 	PolicyKeySizeV6 = PrefixLenSize + 16 + 16
 
-	// PolicyMaxPortEntries is how many port entries a value holds (as the
-	// AWS network policy agent).
-	PolicyMaxPortEntries = 24
-	portEntrySize        = 12
-	// PolicyValueSize is 24 x {u32 protocol; u32 start_port; u32 end_port}.
-	PolicyValueSize = PolicyMaxPortEntries * portEntrySize
+	// The cluster maps, from ClusterPolicyEndpoints: the same keys and
+	// values as the NetworkPolicy maps.
+	ClusterEgressV4MapName  = "enimasq_cluster_egress_v4"
+	ClusterEgressV6MapName  = "enimasq_cluster_egress_v6"
+	ClusterIngressV4MapName = "enimasq_cluster_ingress_v4"
+	ClusterIngressV6MapName = "enimasq_cluster_ingress_v6"
 )
 
 // IP protocol numbers of port entries.
@@ -82,6 +83,47 @@ func PolicyMapName(d Direction, f Family) string {
 
 // PolicyMapNames are the four policy maps, in a fixed order.
 var PolicyMapNames = []string{PolicyEgressV4MapName, PolicyEgressV6MapName, PolicyIngressV4MapName, PolicyIngressV6MapName}
+
+// ClusterMapName is the name of the cluster map of a direction and family.
+func ClusterMapName(d Direction, f Family) string {
+	return "enimasq_cluster_" + d.String() + "_v" + strconv.Itoa(int(f))
+}
+
+// ClusterMapNames are the four cluster maps, in a fixed order.
+var ClusterMapNames = []string{ClusterEgressV4MapName, ClusterEgressV6MapName, ClusterIngressV4MapName, ClusterIngressV6MapName}
+
+// ParseClusterMapName returns the direction and family of a cluster map
+// name.
+func ParseClusterMapName(name string) (Direction, Family, error) {
+	for _, d := range []Direction{Egress, Ingress} {
+		for _, f := range []Family{IPv4, IPv6} {
+			if ClusterMapName(d, f) == name {
+				return d, f, nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("%q is not a cluster policy map name", name)
+}
+
+// ClusterMapSpec describes the cluster map of a direction and family.
+func ClusterMapSpec(d Direction, f Family, maxEntries uint32) *ebpf.MapSpec {
+	spec := PolicyMapSpec(d, f, maxEntries)
+	spec.Name = ClusterMapName(d, f)
+	return spec
+}
+
+// ChunkMapSpec describes a chunk map (PolicyChunksMapName or
+// ClusterChunksMapName): a hash of {list id, index} -> 64 intervals.
+func ChunkMapSpec(name string, maxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       name,
+		Type:       ebpf.Hash,
+		KeySize:    PolicyChunkKeySize,
+		ValueSize:  PolicyChunkValueSize,
+		MaxEntries: maxEntries,
+		Flags:      unix.BPF_F_NO_PREALLOC,
+	}
+}
 
 // ParsePolicyMapName returns the direction and family of a policy map name.
 func ParsePolicyMapName(name string) (Direction, Family, error) {
@@ -270,126 +312,8 @@ func ParseProtocol(s string) (uint32, error) {
 	return uint32(n), nil
 }
 
-// PolicyValue is the value of a policy-map entry: the allow entries, used
-// ones first, unused slots zero. No used entry means deny.
-type PolicyValue [PolicyMaxPortEntries]PortEntry
-
-// NewPolicyValue packs entries into a value. More than PolicyMaxPortEntries
-// entries is an error: a value is never silently truncated.
-func NewPolicyValue(entries []PortEntry) (PolicyValue, error) {
-	var v PolicyValue
-	if len(entries) > PolicyMaxPortEntries {
-		return v, fmt.Errorf("%d port entries, a value holds at most %d", len(entries), PolicyMaxPortEntries)
-	}
-	for i, e := range entries {
-		if e.Protocol == 0 {
-			return v, fmt.Errorf("port entry %d: protocol 0 marks an unused slot", i)
-		}
-		v[i] = e
-	}
-	return v, nil
-}
-
-// EncodePortEntries returns the kernel bytes of the value holding entries,
-// like NewPolicyValue followed by MarshalBinary, and their text (as
-// PolicyValue.String), without building the value.
-func EncodePortEntries(entries []PortEntry) ([]byte, string, error) {
-	if len(entries) > PolicyMaxPortEntries {
-		return nil, "", fmt.Errorf("%d port entries, a value holds at most %d", len(entries), PolicyMaxPortEntries)
-	}
-	b := make([]byte, PolicyValueSize)
-	text := make([]byte, 0, 16*len(entries))
-	for i, e := range entries {
-		if e.Protocol == 0 {
-			return nil, "", fmt.Errorf("port entry %d: protocol 0 marks an unused slot", i)
-		}
-		off := i * portEntrySize
-		binary.NativeEndian.PutUint32(b[off:], e.Protocol)
-		binary.NativeEndian.PutUint32(b[off+4:], e.StartPort)
-		binary.NativeEndian.PutUint32(b[off+8:], e.EndPort)
-		if i > 0 {
-			text = append(text, ',')
-		}
-		text = e.appendText(text)
-	}
-	if len(entries) == 0 {
-		return b, "deny", nil
-	}
-	return b, string(text), nil
-}
-
-// Entries returns the used entries.
-func (v *PolicyValue) Entries() []PortEntry {
-	for i, e := range v {
-		if e.Protocol == 0 {
-			return v[:i]
-		}
-	}
-	return v[:]
-}
-
 // PortKnown reports whether packets of the protocol carry ports the
-// program reads (TCP, UDP, SCTP): Match's portKnown.
+// program reads (TCP, UDP, SCTP).
 func PortKnown(proto uint32) bool {
 	return proto == ProtocolTCP || proto == ProtocolUDP || proto == ProtocolSCTP
-}
-
-// Match returns the index of the first entry that allows the packet, as
-// the program finds it, or -1 (deny).
-func (v *PolicyValue) Match(proto uint32, port uint16, portKnown bool) int {
-	for i, e := range v.Entries() {
-		if e.Allows(proto, port, portKnown) {
-			return i
-		}
-	}
-	return -1
-}
-
-// String is "deny", "any", or the entries joined by commas
-// ("tcp/8080,udp/53-55,sctp/*").
-func (v *PolicyValue) String() string {
-	entries := v.Entries()
-	if len(entries) == 0 {
-		return "deny"
-	}
-	b := make([]byte, 0, 16*len(entries))
-	for i, e := range entries {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = e.appendText(b)
-	}
-	return string(b)
-}
-
-// AppendBinary appends the kernel bytes of v (host byte order) to b.
-func (v *PolicyValue) AppendBinary(b []byte) ([]byte, error) {
-	for _, e := range v {
-		b = binary.NativeEndian.AppendUint32(b, e.Protocol)
-		b = binary.NativeEndian.AppendUint32(b, e.StartPort)
-		b = binary.NativeEndian.AppendUint32(b, e.EndPort)
-	}
-	return b, nil
-}
-
-// MarshalBinary returns exactly the bytes the kernel expects for v.
-func (v *PolicyValue) MarshalBinary() ([]byte, error) {
-	return v.AppendBinary(make([]byte, 0, PolicyValueSize))
-}
-
-// UnmarshalPolicyValue decodes the kernel bytes of a policy value.
-func UnmarshalPolicyValue(b []byte) (PolicyValue, error) {
-	var v PolicyValue
-	if len(b) != PolicyValueSize {
-		return v, fmt.Errorf("policy value: %d bytes, want %d", len(b), PolicyValueSize)
-	}
-	for i := range v {
-		off := i * portEntrySize
-		v[i] = PortEntry{
-			Protocol:  binary.NativeEndian.Uint32(b[off:]),
-			StartPort: binary.NativeEndian.Uint32(b[off+4:]),
-			EndPort:   binary.NativeEndian.Uint32(b[off+8:]),
-		}
-	}
-	return v, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/netip"
+	"reflect"
 	"testing"
 )
 
@@ -60,23 +61,21 @@ func TestUnmarshalPolicyKeyRefusesBadKeys(t *testing.T) {
 }
 
 func TestPolicyValue(t *testing.T) {
-	v, err := NewPolicyValue([]PortEntry{
-		{Protocol: ProtocolTCP, StartPort: 80},
-		{Protocol: ProtocolTCP, StartPort: 8000, EndPort: 8080},
-		{Protocol: ProtocolUDP},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := v.String(); s != "tcp/80,tcp/8000-8080,udp/*" {
+	v := AllowValue(
+		PortEntry{Protocol: ProtocolTCP, StartPort: 80},
+		PortEntry{Protocol: ProtocolTCP, StartPort: 8000, EndPort: 8080},
+		PortEntry{Protocol: ProtocolTCP, StartPort: 81}, // touches 80: merged
+		PortEntry{Protocol: ProtocolUDP},
+	)
+	if s := v.String(); s != "tcp/80-81,tcp/8000-8080,udp/*" {
 		t.Errorf("String %q", s)
 	}
-	b, _ := v.MarshalBinary()
-	if len(b) != PolicyValueSize {
-		t.Fatalf("%d bytes", len(b))
+	b, chunks, err := v.Encode()
+	if err != nil || len(b) != PolicyValueSize || len(chunks) != 0 {
+		t.Fatalf("%d bytes, %d chunks, %v", len(b), len(chunks), err)
 	}
-	back, err := UnmarshalPolicyValue(b)
-	if err != nil || back != v {
+	back, err := UnmarshalPolicyValue(b, nil)
+	if err != nil || !reflect.DeepEqual(back.Intervals, v.Intervals) || back.NotIsolated {
 		t.Errorf("round trip %v %v", back, err)
 	}
 	for _, tc := range []struct {
@@ -86,29 +85,77 @@ func TestPolicyValue(t *testing.T) {
 		want      int
 	}{
 		{ProtocolTCP, 80, true, 0},
-		{ProtocolTCP, 81, true, -1},
+		{ProtocolTCP, 81, true, 0},
+		{ProtocolTCP, 82, true, -1},
 		{ProtocolTCP, 8000, true, 1},
 		{ProtocolTCP, 8080, true, 1},
 		{ProtocolTCP, 8081, true, -1},
-		{ProtocolTCP, 80, false, -1}, // fragment: only any-port entries
+		{ProtocolTCP, 80, false, -1}, // no port: only every-port intervals
 		{ProtocolUDP, 9, false, 2},
 		{ProtocolSCTP, 80, true, -1},
 		{1, 0, false, -1},
 	} {
-		if got := v.Match(tc.proto, tc.port, tc.portKnown); got != tc.want {
-			t.Errorf("Match(%d, %d, %t) = %d, want %d", tc.proto, tc.port, tc.portKnown, got, tc.want)
+		if got := v.Search(PortPoint(tc.proto, tc.port, tc.portKnown)); got != tc.want {
+			t.Errorf("Search(%d, %d, %t) = %d, want %d", tc.proto, tc.port, tc.portKnown, got, tc.want)
 		}
 	}
-	var deny PolicyValue
-	if deny.String() != "deny" || deny.Match(ProtocolTCP, 80, true) != -1 {
-		t.Errorf("zero value: %s", deny.String())
+	deny := AllowValue()
+	if deny.String() != "deny" || deny.Search(PortPoint(ProtocolTCP, 80, true)) != -1 {
+		t.Errorf("no entries: %s", deny.String())
 	}
-	anyV, _ := NewPolicyValue([]PortEntry{AnyPortEntry})
-	if anyV.String() != "any" || anyV.Match(1, 0, false) != 0 {
+	anyV := AllowValue(AnyPortEntry, PortEntry{Protocol: ProtocolTCP, StartPort: 80})
+	if anyV.String() != "any" || anyV.Search(PortPoint(1, 0, false)) != 0 {
 		t.Errorf("any value: %s", anyV.String())
 	}
-	if _, err := NewPolicyValue(make([]PortEntry, PolicyMaxPortEntries+1)); err == nil {
-		t.Error("25 entries accepted")
+	if _, _, err := (&PolicyValue{Intervals: []Interval{{Lo: 5, Hi: 9}, {Lo: 9, Hi: 12}}}).Encode(); err == nil {
+		t.Error("overlapping intervals accepted")
+	}
+}
+
+// TestPolicyValueChunks: a value of any length encodes, the intervals past
+// the inline ones in content-addressed chunks, and decodes back.
+func TestPolicyValueChunks(t *testing.T) {
+	for _, n := range []int{PolicyInlineIntervals, PolicyInlineIntervals + 1, 1000, 5000} {
+		entries := make([]PortEntry, n)
+		for i := range entries {
+			entries[i] = PortEntry{Protocol: ProtocolTCP, StartPort: uint32(1 + 2*i)}
+		}
+		v := AllowValue(entries...)
+		if len(v.Intervals) != n {
+			t.Fatalf("%d entries: %d intervals", n, len(v.Intervals))
+		}
+		b, chunks, err := v.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantChunks := (max(n-PolicyInlineIntervals, 0) + PolicyChunkIntervals - 1) / PolicyChunkIntervals
+		if len(chunks) != wantChunks {
+			t.Errorf("%d intervals: %d chunks, want %d", n, len(chunks), wantChunks)
+		}
+		byKey := map[string][]byte{}
+		for _, c := range chunks {
+			if len(c.Key) != PolicyChunkKeySize || len(c.Value) != PolicyChunkValueSize {
+				t.Fatalf("chunk of %d/%d bytes", len(c.Key), len(c.Value))
+			}
+			byKey[string(c.Key)] = c.Value
+		}
+		back, err := UnmarshalPolicyValue(b, func(k []byte) ([]byte, error) {
+			if v, ok := byKey[string(k)]; ok {
+				return v, nil
+			}
+			return nil, ErrChunkMissing
+		})
+		if err != nil || !reflect.DeepEqual(back.Intervals, v.Intervals) {
+			t.Errorf("%d intervals: round trip: %d intervals, %v", n, len(back.Intervals), err)
+		}
+		if wantChunks > 0 {
+			if _, err := UnmarshalPolicyValue(b, nil); !errors.Is(err, ErrChunkMissing) {
+				t.Errorf("%d intervals without chunks: %v", n, err)
+			}
+		}
+		if got := v.Search(PortPoint(ProtocolTCP, uint16(2*n-1), true)); got != n-1 {
+			t.Errorf("%d intervals: last port at %d", n, got)
+		}
 	}
 }
 
@@ -121,23 +168,5 @@ func TestPolicyMapNames(t *testing.T) {
 	}
 	if PolicyMapName(Ingress, IPv6) != PolicyIngressV6MapName {
 		t.Error(PolicyMapName(Ingress, IPv6))
-	}
-}
-
-func TestEncodePortEntriesMatchesPolicyValue(t *testing.T) {
-	for _, entries := range [][]PortEntry{
-		nil,
-		{AnyPortEntry},
-		{{Protocol: ProtocolTCP, StartPort: 80}, {Protocol: ProtocolUDP, StartPort: 1, EndPort: 9}, {Protocol: ProtocolSCTP}},
-	} {
-		v, _ := NewPolicyValue(entries)
-		want, _ := v.MarshalBinary()
-		got, text, err := EncodePortEntries(entries)
-		if err != nil || !bytes.Equal(got, want) || text != v.String() {
-			t.Errorf("%v: %x %q %v, want %x %q", entries, got, text, err, want, v.String())
-		}
-	}
-	if _, _, err := EncodePortEntries(make([]PortEntry, 25)); err == nil {
-		t.Error("25 entries accepted")
 	}
 }

@@ -44,8 +44,7 @@ func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _ := NewPolicyValue(entries)
-		b, _ := v.MarshalBinary()
+		b, _, _ := AllowValue(entries...).Encode()
 		if err := maps[PolicyMapName(d, FamilyOf(pod))].Put(key, b); err != nil {
 			t.Fatal(err)
 		}

@@ -15,12 +15,15 @@ import (
 type PolicyReason uint32
 
 const (
-	// PolicyAllowed: a port entry of the pod's longest matching key allows.
+	// PolicyAllowed: an interval of the pod's longest matching
+	// NetworkPolicy key allows.
 	PolicyAllowed PolicyReason = 1
-	// PolicyDenied: the pod's longest matching key has no entry that allows.
+	// PolicyDenied: the pod is isolated in the direction and no interval
+	// of its longest matching NetworkPolicy key allows.
 	PolicyDenied PolicyReason = 2
-	// PolicyNoPolicy: the map has no key for the pod (no PolicyEndpoint
-	// selects it): allowed, as Kubernetes allows a pod no policy selects.
+	// PolicyNoPolicy: no step decides (no policy selects the pod, or what
+	// selects it passes): allowed, as Kubernetes allows a pod no policy
+	// isolates.
 	PolicyNoPolicy PolicyReason = 3
 	// PolicyARP: an ARP frame, passed (the node and the pod need it).
 	PolicyARP PolicyReason = 4
@@ -45,16 +48,73 @@ const (
 	// PolicyFragmentUnknown: a later fragment of no datagram whose first
 	// fragment passed (it was denied, or has not been seen): dropped.
 	PolicyFragmentUnknown PolicyReason = 11
+	// PolicyAdminAccept and PolicyAdminDeny: an Admin-tier
+	// ClusterPolicyEndpoint rule decides.
+	PolicyAdminAccept PolicyReason = 12
+	PolicyAdminDeny   PolicyReason = 13
+	// PolicyBaselineAccept and PolicyBaselineDeny: a Baseline-tier rule
+	// decides (the pod is not isolated by a NetworkPolicy).
+	PolicyBaselineAccept PolicyReason = 14
+	PolicyBaselineDeny   PolicyReason = 15
+	// PolicyIncomplete: a chunk of the pod's intervals is not in the
+	// kernel: denied, as an incomplete list cannot be judged.
+	PolicyIncomplete PolicyReason = 16
 )
+
+// PolicyStep is the step of the evaluation that decided (skb->cb[2]).
+type PolicyStep uint32
+
+const (
+	// StepNone: no step decided (a tracked connection, a frame dropped
+	// before the policy, ARP, neighbour discovery).
+	StepNone PolicyStep = iota
+	// StepAdmin: the Admin tier of ClusterPolicyEndpoints.
+	StepAdmin
+	// StepNamespace: the NetworkPolicy (PolicyEndpoints).
+	StepNamespace
+	// StepBaseline: the Baseline tier of ClusterPolicyEndpoints.
+	StepBaseline
+	// StepDefault: nothing decided: allowed, denied in strict mode.
+	StepDefault
+)
+
+// PolicySteps are the steps that decide, in order.
+var PolicySteps = []PolicyStep{StepAdmin, StepNamespace, StepBaseline, StepDefault}
+
+func (s PolicyStep) String() string {
+	switch s {
+	case StepNone:
+		return "none"
+	case StepAdmin:
+		return "admin"
+	case StepNamespace:
+		return "namespace"
+	case StepBaseline:
+		return "baseline"
+	case StepDefault:
+		return "default"
+	}
+	return fmt.Sprintf("PolicyStep(%d)", uint32(s))
+}
+
+// ParsePolicyStep parses a step's name.
+func ParsePolicyStep(s string) (PolicyStep, error) {
+	for _, st := range append([]PolicyStep{StepNone}, PolicySteps...) {
+		if st.String() == s {
+			return st, nil
+		}
+	}
+	return 0, fmt.Errorf("step %q: want admin, namespace, baseline, default or none", s)
+}
 
 func (r PolicyReason) String() string {
 	switch r {
 	case PolicyAllowed:
-		return "allowed by a port entry"
+		return "a NetworkPolicy rule allows"
 	case PolicyDenied:
-		return "no port entry allows"
+		return "isolated, and no NetworkPolicy rule allows"
 	case PolicyNoPolicy:
-		return "no policy selects the pod"
+		return "no policy decides: allowed"
 	case PolicyARP:
 		return "ARP"
 	case PolicyTracked:
@@ -71,6 +131,16 @@ func (r PolicyReason) String() string {
 		return "a later fragment of a datagram whose first fragment passed"
 	case PolicyFragmentUnknown:
 		return "a later fragment of no datagram whose first fragment passed"
+	case PolicyAdminAccept:
+		return "accepted by an Admin-tier rule"
+	case PolicyAdminDeny:
+		return "denied by an Admin-tier rule"
+	case PolicyBaselineAccept:
+		return "accepted by a Baseline-tier rule"
+	case PolicyBaselineDeny:
+		return "denied by a Baseline-tier rule"
+	case PolicyIncomplete:
+		return "a chunk of the pod's intervals is missing"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}
@@ -94,8 +164,14 @@ const (
 type PolicyResult struct {
 	Allow  bool
 	Reason PolicyReason
-	// PortEntry is the index of the port entry that allowed, or -1.
-	PortEntry int
+	// Step is the step that decided.
+	Step PolicyStep
+	// Object is the id of the deciding object (ObjectID) when the program
+	// knows it: a ClusterPolicyEndpoint's; 0 otherwise.
+	Object uint32
+	// Interval is the index of the deciding interval in the value of the
+	// deciding map, or -1.
+	Interval int
 }
 
 // skbContext is struct __sk_buff as far as BPF_PROG_TEST_RUN copies it in
@@ -104,6 +180,9 @@ type PolicyResult struct {
 type skbContext [48]uint32
 
 const skbCBWord = 12
+
+// noInterval is the program's NO_INTERVAL.
+const noInterval = 0xffffffff
 
 // PolicyProgram is the pair of policy verdict programs (egress and ingress)
 // bound to the four policy maps. Run it with BPF_PROG_TEST_RUN on an
@@ -118,11 +197,10 @@ type PolicyProgram struct {
 }
 
 // LoadPolicyProgram loads the programs using the given maps, by name
-// (PolicyMapNames, PolicyCTMapName, PolicyModeMapName, PolicyPodsMapName,
-// PolicyFragsMapName). A missing or nil
-// policy map (a family disabled on the node) is replaced by an empty one of
-// the same layout: every pod of that family has no policy; a missing state
-// map by an empty one (no tracked connection, standard mode).
+// (PolicyProgramMapNames). A missing or nil policy or cluster map (a family
+// disabled on the node) is replaced by an empty one of the same layout:
+// every pod of that family has no policy; a missing state map by an empty
+// one (no tracked connection, standard mode, events off).
 func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	spec, err := loadPolicy()
 	if err != nil {
@@ -130,7 +208,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	}
 	p := &PolicyProgram{}
 	replacements := map[string]*ebpf.Map{}
-	for _, name := range append(slices.Clone(PolicyMapNames), policyStateMapNames...) {
+	for _, name := range PolicyProgramMapNames() {
 		ms, ok := spec.Maps[name]
 		if !ok {
 			return nil, fmt.Errorf("policy program spec has no map %s", name)
@@ -164,6 +242,13 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 	return p, nil
 }
 
+// PolicyProgramMapNames are the maps the programs use: the policy and
+// cluster maps, their chunk maps, and the state maps.
+func PolicyProgramMapNames() []string {
+	names := slices.Concat(PolicyMapNames, ClusterMapNames, []string{PolicyChunksMapName, ClusterChunksMapName})
+	return append(names, policyStateMapNames...)
+}
+
 // Programs are the programs of the pod's egress (on the ingress of its
 // host-side device) and of its ingress (on the device's egress).
 func (p *PolicyProgram) Programs() (egress, ingress *ebpf.Program) { return p.egress, p.ingress }
@@ -186,9 +271,9 @@ func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 			return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
 		}
 	}
-	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), PortEntry: -1}
-	if idx := out[skbCBWord+1]; idx < PolicyMaxPortEntries {
-		res.PortEntry = int(idx)
+	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), Step: PolicyStep(out[skbCBWord+2]), Object: out[skbCBWord+3], Interval: -1}
+	if idx := out[skbCBWord+1]; idx != noInterval {
+		res.Interval = int(idx)
 	}
 	switch ret {
 	case tcActUnspec:

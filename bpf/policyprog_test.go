@@ -24,11 +24,10 @@ func TestPrivilegedPolicyProgram(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, err := NewPolicyValue(entries)
+		b, _, err := AllowValue(entries...).Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := v.MarshalBinary()
 		if err := maps[mapName].Put(key, b); err != nil {
 			t.Fatalf("put %s %s %s: %v", mapName, pod, peer, err)
 		}
@@ -68,8 +67,8 @@ func TestPrivilegedPolicyProgram(t *testing.T) {
 		// Ingress: the pod is the destination.
 		{Ingress, "8.8.8.8", pod4, ProtocolTCP, 22, true, PolicyAllowed, 0},
 		{Ingress, pod4, "8.8.8.8", ProtocolTCP, 22, true, PolicyNoPolicy, -1},
-		{Egress, pod6, "2001:db8:1::9", ProtocolTCP, 443, true, PolicyAllowed, 1},
-		{Egress, pod6, "2001:db8:1::9", ProtocolSCTP, 9, true, PolicyAllowed, 0},
+		{Egress, pod6, "2001:db8:1::9", ProtocolTCP, 443, true, PolicyAllowed, 0}, // intervals sort by protocol
+		{Egress, pod6, "2001:db8:1::9", ProtocolSCTP, 9, true, PolicyAllowed, 1},
 		{Egress, pod6, "2001:db8:2::9", ProtocolTCP, 443, false, PolicyDenied, -1},
 	} {
 		frame, err := PolicyTestFrame(netip.MustParseAddr(tc.src), netip.MustParseAddr(tc.dst), uint8(tc.proto), 40000, tc.port)
@@ -80,7 +79,11 @@ func TestPrivilegedPolicyProgram(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := PolicyResult{Allow: tc.allow, Reason: tc.reason, PortEntry: tc.portEntry}
+		step := StepNamespace
+		if tc.reason == PolicyNoPolicy {
+			step = StepDefault
+		}
+		want := PolicyResult{Allow: tc.allow, Reason: tc.reason, Step: step, Interval: tc.portEntry}
 		if res != want {
 			t.Errorf("%s %s -> %s %s/%d: %+v, want %+v", tc.dir, tc.src, tc.dst, ProtocolName(tc.proto), tc.port, res, want)
 		}

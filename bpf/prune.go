@@ -7,6 +7,7 @@ import (
 	"iter"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
@@ -35,6 +36,13 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 	}
 	var scratch []byte
 	for obj := range objects {
+		if s, ok := any(obj).(Spiller); ok {
+			if set, ok := desired[s.SpillMap()]; ok {
+				for _, se := range s.Spill() {
+					set[string(se.Key)] = struct{}{}
+				}
+			}
+		}
 		set, ok := desired[obj.MapName()]
 		if !ok {
 			continue
@@ -43,21 +51,33 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 		CanonicalizeLPMKey(scratch)
 		set[string(scratch)] = struct{}{}
 	}
+	// The spill maps are pruned last: an entry is deleted before its
+	// chunks. After the prune a chunk written before may be gone.
+	defer o.forgetSpills()
 
 	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(open)) {
+	names := slices.SortedFunc(maps.Keys(open), func(a, b string) int {
+		if sa, sb := o.isSpillMap(a), o.isSpillMap(b); sa != sb {
+			if sa {
+				return 1
+			}
+			return -1
+		}
+		return strings.Compare(a, b)
+	})
+	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, fmt.Errorf("prune %s: %w", name, err))
 			break
 		}
-		if err := pruneMap(ctx, name, open[name], desired[name]); err != nil {
+		if err := pruneMap(ctx, name, open[name], desired[name], !o.isSpillMap(name)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct{}) error {
+func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct{}, lpm bool) error {
 	keys, err := listKeys(m)
 	if err != nil {
 		return fmt.Errorf("prune %s: %w", name, err)
@@ -66,7 +86,9 @@ func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct
 	stale := 0
 	for j := range keys.len() {
 		key := keys.at(j)
-		CanonicalizeLPMKey(key)
+		if lpm {
+			CanonicalizeLPMKey(key)
+		}
 		if _, ok := desired[string(key)]; ok {
 			continue
 		}

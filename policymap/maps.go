@@ -150,6 +150,14 @@ func (o *Maps[E]) Open(log *slog.Logger, spec *ebpf.MapSpec, dir string) error {
 	return nil
 }
 
+// OpenSpill opens (or creates) a pinned spill map: the chunks of the
+// values too long for a map value (bpf.Spiller), written before their
+// entries and pruned against them.
+func (o *Maps[E]) OpenSpill(log *slog.Logger, spec *ebpf.MapSpec, dir string) error {
+	o.inner.SetSpillMap(spec.Name)
+	return o.Open(log, spec, dir)
+}
+
 // Opened is a copy of the open maps, for the shell and script commands,
 // which run concurrently with start and stop.
 func (o *Maps[E]) Opened() map[string]bpf.PinnedMap {

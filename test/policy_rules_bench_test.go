@@ -131,8 +131,8 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 			if m.Lookup(key, val) != nil {
 				return false
 			}
-			v, err := bpf.UnmarshalPolicyValue(val)
-			return err == nil && v.Match(bpf.ProtocolTCP, port, true) >= 0
+			v, err := bpf.UnmarshalPolicyValue(val, nil)
+			return err == nil && v.Search(bpf.PortPoint(bpf.ProtocolTCP, port, true)) >= 0
 		}
 		start := time.Now()
 		var wg sync.WaitGroup

@@ -27,6 +27,9 @@ type FakeMap struct {
 	entries    map[string][]byte // canonical key -> value
 	spec       *ebpf.MapSpec     // what it was made from, if from a spec
 	id         uint32            // set by the FakeStore that made it
+	// hash: a hash map (a spec of type Hash, as the chunk maps): keys are
+	// exact, with no prefix length.
+	hash bool
 }
 
 var _ bpf.Map = (*FakeMap)(nil)
@@ -40,6 +43,7 @@ func NewFakeMap(keySize, valueSize, maxEntries int) *FakeMap {
 func NewFakeMapFromSpec(spec *ebpf.MapSpec) *FakeMap {
 	f := NewFakeMap(int(spec.KeySize), int(spec.ValueSize), int(spec.MaxEntries))
 	f.spec = spec.Copy()
+	f.hash = spec.Type == ebpf.Hash
 	return f
 }
 
@@ -62,6 +66,9 @@ func elems(v any) []byte {
 func (f *FakeMap) canonical(key []byte) (string, error) {
 	if len(key) != f.keySize {
 		return "", fmt.Errorf("key of %d bytes: %w", len(key), unix.EINVAL)
+	}
+	if f.hash {
+		return string(key), nil
 	}
 	if binary.NativeEndian.Uint32(key) > uint32(f.keySize-bpf.PrefixLenSize)*8 {
 		return "", unix.EINVAL
@@ -190,6 +197,14 @@ func (f *FakeMap) Lookup(key, valueOut any) error {
 	k, err := f.canonical(elems(key))
 	if err != nil {
 		return fmt.Errorf("lookup: %w", err)
+	}
+	if f.hash {
+		v, ok := f.entries[k]
+		if !ok {
+			return fmt.Errorf("lookup: %w", ebpf.ErrKeyNotExist)
+		}
+		copy(elems(valueOut), v)
+		return nil
 	}
 	best, bestLen := []byte(nil), -1
 	for stored, v := range f.entries {

@@ -1,30 +1,50 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //
 // The network-policy verdict of a packet against enimasq's per-pod policy
-// maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6).
+// maps: the NetworkPolicy maps (enimasq_egress_v4/_v6,
+// enimasq_ingress_v4/_v6, from PolicyEndpoints) and the cluster maps
+// (enimasq_cluster_egress_v4/_v6, enimasq_cluster_ingress_v4/_v6, from
+// ClusterPolicyEndpoints).
 //
-// One LPM lookup answers "may this pod talk to that peer": the key is the
-// pod's address followed by the peer's, with prefix length = pod bits + peer
-// bits, so a lookup with the full length returns the pod's longest matching
-// peer prefix. The value lists up to 24 {protocol, start_port, end_port}
-// entries; an entry list with no allow entries denies.
+// One LPM lookup per map answers "what may this pod do with that peer":
+// the key is the pod's address followed by the peer's, with prefix length
+// = pod bits + peer bits, so a lookup with the full length returns the
+// pod's longest matching peer prefix. The value is a list of disjoint
+// intervals over (protocol << 16 | destination port), sorted, each with
+// what it decides: the first POLICY_INLINE in the value, the others in
+// chunks of POLICY_CHUNK in a hash map (enimasq_policy_chunks,
+// enimasq_cluster_chunks) under the value's list id, so a rule may list any
+// number of ports. A lookup is a binary search: its cost grows with the
+// logarithm of the count.
+//
+// The order is the AWS network policy agent's (v1.5.0, tc.v4egress.bpf.c
+// evaluateFlow): the Admin tier of the cluster maps (compiled in user space
+// so that each interval holds the winning Admin action: the lowest priority
+// number, at a tie Deny over Accept over Pass; Pass hands over), then the
+// NetworkPolicy (a pod isolated in the direction is denied what its
+// intervals do not allow), then the Baseline tier (only where no
+// NetworkPolicy isolates the pod in the direction), then the default (allow;
+// deny in strict mode).
 //
 // policy_egress treats the packet's source as the pod and its destination as
 // the peer; policy_ingress the other way round. Both match the destination
 // port. They return TC_ACT_UNSPEC (allow: the next program or filter of
 // the device runs, as tcx's TCX_NEXT) or TC_ACT_SHOT (deny) and leave the
-// reason in skb->cb[0] and the index of the deciding port entry in
-// skb->cb[1] (BPF_PROG_TEST_RUN hands cb back, which is how tests and
-// enimasq-dbg explain a verdict).
+// reason in skb->cb[0], the index of the deciding interval in skb->cb[1],
+// the deciding step in skb->cb[2] and the deciding object's id in
+// skb->cb[3] (BPF_PROG_TEST_RUN hands cb back, which is how tests and
+// enimasq-dbg explain a verdict). Every decision counts in
+// enimasq_policy_verdicts (per CPU, by direction, verdict and step); with
+// events on, a denied packet is reported in enimasq_policy_events.
 //
-// They are stateful, as NetworkPolicy is: a packet the policy allows opens
-// a connection in enimasq_policy_ct (TCP and UDP by ports, ICMP echo by its
-// identifier), keyed by pod and peer so that both directions find it, and
-// every packet of a tracked connection passes, either way, until it has
-// been idle for the protocol's timeout (a TCP RST closes it at once). The
-// map is an LRU hash: bounded, the least recently used connection goes
-// first. enimasq_policy_mode[0] is the enforcing mode: in strict mode a pod
-// that no policy selects is denied instead of allowed.
+// They are stateful, as NetworkPolicy is: a packet allowed at any step
+// opens a connection in enimasq_policy_ct (TCP and UDP by ports, ICMP echo
+// by its identifier), keyed by pod and peer so that both directions find
+// it, and every packet of a tracked connection passes, either way, until it
+// has been idle for the protocol's timeout (a TCP RST closes it at once).
+// The map is an LRU hash: bounded, the least recently used connection goes
+// first. enimasq_policy_mode[0] holds the enforcing mode (strict: a pod that
+// nothing decides is denied) and whether events are on.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -35,9 +55,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define POLICY_MAX_PORT_ENTRIES 24
-#define POLICY_PROTO_ANY 254
+#define POLICY_INLINE 32 /* intervals in a map value; more go in chunks */
+#define POLICY_CHUNK 64  /* intervals in a chunk */
 #define POLICY_MAX_ENTRIES 65536
+#define CHUNK_MAX_ENTRIES 65536
 
 /* Reasons, in skb->cb[0]. */
 #define REASON_ALLOWED 1   /* a port entry of the pod's longest matching key allows */
@@ -51,13 +72,37 @@
 #define REASON_MALFORMED 9 /* a frame the programs cannot judge: dropped */
 #define REASON_FRAGMENT 10 /* a later fragment of a datagram whose first fragment passed */
 #define REASON_FRAGMENT_UNKNOWN 11 /* a later fragment of no datagram whose first fragment passed */
+#define REASON_ADMIN_ACCEPT 12 /* an Admin-tier ClusterPolicyEndpoint rule accepts */
+#define REASON_ADMIN_DENY 13   /* an Admin-tier ClusterPolicyEndpoint rule denies */
+#define REASON_BASELINE_ACCEPT 14 /* a Baseline-tier rule accepts */
+#define REASON_BASELINE_DENY 15   /* a Baseline-tier rule denies */
+#define REASON_INCOMPLETE 16   /* a chunk of the pod's intervals is missing: denied */
+
+/* Steps, in skb->cb[2] and the counters. */
+#define STEP_NONE 0
+#define STEP_ADMIN 1
+#define STEP_NAMESPACE 2
+#define STEP_BASELINE 3
+#define STEP_DEFAULT 4
+
+/* The outcome word of an interval: an action in the top two bits, the id of
+ * the deciding object in the others (0: resolved by the agent). */
+#define OUTCOME_ACTION(o) ((o) >> 30)
+#define OUTCOME_OBJECT(o) ((o) & 0x3fffffff)
+#define ACTION_NONE 0
+#define ACTION_ACCEPT 1
+#define ACTION_DENY 2
+
+/* Flags of a map value. */
+#define VALUE_NOT_ISOLATED 1 /* NetworkPolicy: the pod is selected but not isolated in the direction */
 
 #define LOOPBACK_IFINDEX 1
 
 /* An allowed packet goes on to whatever else runs on the device. */
 #define VERDICT_PASS TC_ACT_UNSPEC
 
-#define MODE_STRICT 1
+#define MODE_STRICT 1 /* bit 0 of enimasq_policy_mode[0] */
+#define MODE_EVENTS 2 /* bit 1: denied packets go to enimasq_policy_events */
 
 #define CT_MAX_ENTRIES 65536
 #define NSEC 1000000000ULL
@@ -65,7 +110,10 @@
 #define CT_TIMEOUT_UDP (60 * NSEC)
 #define CT_TIMEOUT_ICMP (30 * NSEC)
 
-#define NO_PORT_ENTRY 0xffffffff
+#define NO_INTERVAL 0xffffffff
+#define SEARCH_FOUND 1
+#define SEARCH_NONE 0
+#define SEARCH_MISSING -1
 
 /* Fragments: the first is judged, the later ones follow its verdict for as
  * long as the kernel would wait to reassemble them. */
@@ -90,14 +138,33 @@ struct policy_v6_key {
 	__u8 peer[16];
 };
 
-struct port_entry {
-	__u32 protocol;   /* IP protocol number, POLICY_PROTO_ANY = any */
-	__u32 start_port; /* 0 = any port */
-	__u32 end_port;   /* 0 = start_port only */
+/* An interval of (protocol << 16 | destination port), both ends included;
+ * a packet without ports (ICMP, other protocols) is at port 0, so only an
+ * interval for every port of its protocol holds it. first and second are
+ * outcomes: the NetworkPolicy maps use first (an allow, ACTION_ACCEPT), the
+ * cluster maps first for the Admin tier and second for the Baseline tier
+ * (ACTION_NONE: the tier decides nothing there, Pass included). */
+struct interval {
+	__u32 lo;
+	__u32 hi;
+	__u32 first;
+	__u32 second;
 };
 
 struct policy_value {
-	struct port_entry entries[POLICY_MAX_PORT_ENTRIES];
+	__u32 flags;
+	__u32 count;   /* intervals in all */
+	__u8 list[16]; /* the id of the chunks of the intervals past the inline ones */
+	struct interval iv[POLICY_INLINE];
+};
+
+struct chunk_key {
+	__u8 list[16];
+	__u32 index;
+};
+
+struct chunk {
+	struct interval iv[POLICY_CHUNK];
 };
 
 #define POLICY_MAP(_name, _key)                              \
@@ -109,10 +176,54 @@ struct policy_value {
 		__uint(map_flags, BPF_F_NO_PREALLOC);        \
 	} _name SEC(".maps")
 
+#define CHUNK_MAP(_name)                                     \
+	struct {                                             \
+		__uint(type, BPF_MAP_TYPE_HASH);             \
+		__type(key, struct chunk_key);               \
+		__type(value, struct chunk);                 \
+		__uint(max_entries, CHUNK_MAX_ENTRIES);      \
+		__uint(map_flags, BPF_F_NO_PREALLOC);        \
+	} _name SEC(".maps")
+
 POLICY_MAP(enimasq_egress_v4, struct policy_v4_key);
 POLICY_MAP(enimasq_egress_v6, struct policy_v6_key);
 POLICY_MAP(enimasq_ingress_v4, struct policy_v4_key);
 POLICY_MAP(enimasq_ingress_v6, struct policy_v6_key);
+CHUNK_MAP(enimasq_policy_chunks);
+
+POLICY_MAP(enimasq_cluster_egress_v4, struct policy_v4_key);
+POLICY_MAP(enimasq_cluster_egress_v6, struct policy_v6_key);
+POLICY_MAP(enimasq_cluster_ingress_v4, struct policy_v4_key);
+POLICY_MAP(enimasq_cluster_ingress_v6, struct policy_v6_key);
+CHUNK_MAP(enimasq_cluster_chunks);
+
+/* The decisions, per CPU: index (egress ? 8 : 0) + (deny ? 4 : 0) + step - 1. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 16);
+} enimasq_policy_verdicts SEC(".maps");
+
+/* A denied packet, with events on. */
+struct policy_event {
+	__u8 src[16];
+	__u8 dst[16];
+	__u32 ifindex;
+	__u32 object;
+	__u16 sport;
+	__u16 dport;
+	__u8 family;
+	__u8 protocol;
+	__u8 egress;
+	__u8 step;
+	__u32 reason;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} enimasq_policy_events SEC(".maps");
 
 /* A tracked connection: the device it was seen on (the pod's host-side
  * device), the pod's and the peer's addresses (IPv4 in the first 4 bytes)
@@ -388,19 +499,6 @@ static __always_inline int read_l4(struct __sk_buff *skb, const struct pkt *p, s
 	return 0;
 }
 
-static __always_inline int port_entry_allows(const struct port_entry *e, const struct flow *f)
-{
-	if (e->protocol != POLICY_PROTO_ANY && e->protocol != f->protocol)
-		return 0;
-	if (e->start_port == 0)
-		return 1;
-	if (!f->port_known)
-		return 0;
-	if (e->end_port == 0)
-		return f->port == e->start_port;
-	return f->port >= e->start_port && f->port <= e->end_port;
-}
-
 static __always_inline __u64 ct_timeout(__u8 proto)
 {
 	if (proto == IPPROTO_TCP)
@@ -459,37 +557,207 @@ static __always_inline void track(struct ct_key *k, const struct flow *f, int eg
 	bpf_map_update_elem(&enimasq_policy_ct, k, &v, BPF_ANY);
 }
 
-static __always_inline int strict_mode(void)
+static __always_inline __u32 mode(void)
 {
 	__u32 zero = 0;
-	__u32 *mode = bpf_map_lookup_elem(&enimasq_policy_mode, &zero);
+	__u32 *m = bpf_map_lookup_elem(&enimasq_policy_mode, &zero);
 
-	return mode && *mode == MODE_STRICT;
+	return m ? *m : 0;
 }
 
-static __always_inline int decide(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f)
-{
-	if (!v) {
-		if (strict_mode()) {
-			skb->cb[0] = REASON_STRICT;
-			return TC_ACT_SHOT;
-		}
-		skb->cb[0] = REASON_NO_POLICY;
-		return VERDICT_PASS;
-	}
-	for (__u32 i = 0; i < POLICY_MAX_PORT_ENTRIES; i++) {
-		const struct port_entry *e = &v->entries[i];
+/* The result of a search: SEARCH_FOUND with the interval's index and
+ * outcomes, SEARCH_NONE, or SEARCH_MISSING. */
+struct found {
+	__s32 r;
+	__u32 idx;
+	__u32 first;
+	__u32 second;
+};
 
-		if (e->protocol == 0)
-			break; /* unused slots are zero and come last */
-		if (port_entry_allows(e, f)) {
-			skb->cb[0] = REASON_ALLOWED;
-			skb->cb[1] = i;
-			return VERDICT_PASS;
+/* The state of a walk over a value's chunks (bpf_loop). */
+struct chunk_walk {
+	struct chunk_key key;
+	void *chunks;
+	__u32 k;
+	__u32 left; /* intervals in this chunk and the ones after it */
+	struct found *out;
+};
+
+/* last_at_or_before is how many of the first n (<= POLICY_CHUNK) intervals
+ * start at or before k: a binary search. */
+static __always_inline __u32 last_at_or_before(const struct interval *iv, __u32 n, __u32 k, __u32 mask)
+{
+	__u32 lo = 0, hi = n;
+
+	for (int i = 0; i < 7; i++) { /* 2^6 = POLICY_CHUNK */
+		__u32 mid;
+
+		if (lo >= hi)
+			break;
+		mid = (lo + hi) / 2;
+		if (iv[mid & mask].lo <= k)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* chunk_step looks at chunk i: the search ends in it if it is missing or
+ * its last interval ends at or after k. */
+static long chunk_step(__u64 i, void *ctx)
+{
+	struct chunk_walk *w = ctx;
+	const struct chunk *ch;
+	const struct interval *e;
+	__u32 n, at;
+
+	w->key.index = i;
+	ch = bpf_map_lookup_elem(w->chunks, &w->key);
+	if (!ch) {
+		w->out->r = SEARCH_MISSING;
+		return 1;
+	}
+	n = w->left < POLICY_CHUNK ? w->left : POLICY_CHUNK;
+	if (n == 0)
+		return 1;
+	if (ch->iv[(n - 1) & (POLICY_CHUNK - 1)].hi < w->k) {
+		w->left -= n;
+		return 0; /* past this chunk */
+	}
+	at = last_at_or_before(ch->iv, n, w->k, POLICY_CHUNK - 1);
+	if (at == 0)
+		return 1; /* in the gap before this chunk */
+	e = &ch->iv[(at - 1) & (POLICY_CHUNK - 1)];
+	if (w->k <= e->hi) {
+		w->out->r = SEARCH_FOUND;
+		w->out->idx = POLICY_INLINE + i * POLICY_CHUNK + at - 1;
+		w->out->first = e->first;
+		w->out->second = e->second;
+	}
+	return 1;
+}
+
+/* search finds the interval of v that holds k (out->r SEARCH_FOUND, with
+ * its index and outcomes), or none (SEARCH_NONE), or finds that a chunk the
+ * value counts is not in its chunk map (SEARCH_MISSING: the caller denies,
+ * as an incomplete list must never decide as if it were whole). Intervals
+ * are sorted and disjoint, so the one that can hold k is the last that
+ * starts at or before it: a binary search over the inline intervals, then,
+ * past them, a walk over the chunks to the one that ends at or after k and
+ * a binary search in it. A function of its own, verified once for every
+ * caller. */
+__attribute__((noinline)) int search(const struct policy_value *v, __u32 k, int cluster, struct found *out)
+{
+	__u32 n, inl, at;
+	const struct interval *e;
+	struct chunk_walk w = {};
+
+	if (!out)
+		return 0;
+	out->r = SEARCH_NONE;
+	if (!v)
+		return 0;
+	n = v->count;
+	inl = n < POLICY_INLINE ? n : POLICY_INLINE;
+	if (inl == 0)
+		return 0;
+	at = last_at_or_before(v->iv, inl, k, POLICY_INLINE - 1);
+	if (at == 0)
+		return 0; /* before the first interval */
+	e = &v->iv[(at - 1) & (POLICY_INLINE - 1)];
+	if (k <= e->hi) {
+		out->r = SEARCH_FOUND;
+		out->idx = at - 1;
+		out->first = e->first;
+		out->second = e->second;
+		return 0;
+	}
+	if (at < POLICY_INLINE || n <= POLICY_INLINE)
+		return 0;
+	__builtin_memcpy(w.key.list, v->list, sizeof(w.key.list));
+	w.chunks = cluster ? (void *)&enimasq_cluster_chunks : (void *)&enimasq_policy_chunks;
+	w.k = k;
+	w.left = n - POLICY_INLINE;
+	w.out = out;
+	bpf_loop((w.left + POLICY_CHUNK - 1) / POLICY_CHUNK, chunk_step, &w, 0);
+	return 0;
+}
+
+/* present says whether a map lookup found a value, without letting the
+ * compiler OR two pointers together (which the verifier refuses). */
+static __always_inline int present(const void *v)
+{
+	__u64 x = (__u64)(long)v;
+
+	asm volatile("" : "+r"(x));
+	return x != 0;
+}
+
+/* A decision of the steps, before connection tracking. */
+struct decision {
+	__u32 reason;
+	__u32 step;
+	__u32 object;
+	__u32 idx;
+	int deny;
+};
+
+static __always_inline void decided(struct decision *d, __u32 reason, __u32 step, __u32 outcome, __u32 idx, int deny)
+{
+	d->reason = reason;
+	d->step = step;
+	d->object = OUTCOME_OBJECT(outcome);
+	d->idx = idx;
+	d->deny = deny;
+}
+
+/* evaluate runs the steps in order on the pod's cluster value (cp) and
+ * NetworkPolicy value (np), either of which may be missing, for the point
+ * k = protocol << 16 | port. */
+static __always_inline void evaluate(const struct policy_value *cp, const struct policy_value *np, __u32 k,
+				     struct decision *d)
+{
+	struct found fo = {};
+	__u32 base = 0, base_idx = NO_INTERVAL;
+
+	if (present(cp)) {
+		search(cp, k, 1, &fo);
+		if (fo.r == SEARCH_MISSING)
+			return decided(d, REASON_INCOMPLETE, STEP_ADMIN, 0, NO_INTERVAL, 1);
+		if (fo.r == SEARCH_FOUND) {
+			if (OUTCOME_ACTION(fo.first) == ACTION_ACCEPT)
+				return decided(d, REASON_ADMIN_ACCEPT, STEP_ADMIN, fo.first, fo.idx, 0);
+			if (OUTCOME_ACTION(fo.first) == ACTION_DENY)
+				return decided(d, REASON_ADMIN_DENY, STEP_ADMIN, fo.first, fo.idx, 1);
+			base = fo.second;
+			base_idx = fo.idx;
 		}
 	}
-	skb->cb[0] = REASON_DENIED;
-	return TC_ACT_SHOT;
+	if (present(np) && !(np->flags & VALUE_NOT_ISOLATED)) {
+		search(np, k, 0, &fo);
+		if (fo.r == SEARCH_MISSING)
+			return decided(d, REASON_INCOMPLETE, STEP_NAMESPACE, 0, NO_INTERVAL, 1);
+		if (fo.r == SEARCH_FOUND && OUTCOME_ACTION(fo.first) == ACTION_ACCEPT)
+			return decided(d, REASON_ALLOWED, STEP_NAMESPACE, fo.first, fo.idx, 0);
+		return decided(d, REASON_DENIED, STEP_NAMESPACE, 0, NO_INTERVAL, 1);
+	}
+	if (OUTCOME_ACTION(base) == ACTION_ACCEPT)
+		return decided(d, REASON_BASELINE_ACCEPT, STEP_BASELINE, base, base_idx, 0);
+	if (OUTCOME_ACTION(base) == ACTION_DENY)
+		return decided(d, REASON_BASELINE_DENY, STEP_BASELINE, base, base_idx, 1);
+	if (mode() & MODE_STRICT)
+		return decided(d, REASON_STRICT, STEP_DEFAULT, 0, NO_INTERVAL, 1);
+	return decided(d, REASON_NO_POLICY, STEP_DEFAULT, 0, NO_INTERVAL, 0);
+}
+
+static __always_inline void count(int egress, const struct decision *d)
+{
+	__u32 key = (egress ? 8 : 0) + (d->deny ? 4 : 0) + ((d->step - 1) & 3);
+	__u64 *n = bpf_map_lookup_elem(&enimasq_policy_verdicts, &key);
+
+	if (n)
+		*n += 1;
 }
 
 static __always_inline int same_addr(const __u8 *a, const __u8 *b, int v6)
@@ -593,22 +861,49 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 	return v && bpf_ktime_get_ns() - v->last_seen <= ct_timeout(k.protocol);
 }
 
-/* decide_tracked passes the packets of tracked connections, decides the
- * others by the policy, and tracks what the policy allows. */
-static __always_inline int decide_tracked(struct __sk_buff *skb, const struct policy_value *v, const struct flow *f,
-					  struct ct_key *ct, int egress)
+/* decide passes the packets of tracked connections, decides the others by
+ * the steps (the maps are looked up only then: a tracked packet costs no
+ * policy lookup), counts the decision, and tracks what a step allows for a
+ * pod with any policy in the direction. */
+static __always_inline int decide(struct __sk_buff *skb, const struct pkt *p, const struct flow *f, struct ct_key *ct,
+				  int egress)
 {
-	int ret;
+	const struct policy_value *cp, *np;
+	struct decision d = {};
 
 	ct_key_of(ct, f, egress);
 	if (tracked(ct, f)) {
 		skb->cb[0] = REASON_TRACKED;
 		return VERDICT_PASS;
 	}
-	ret = decide(skb, v, f);
-	if (ret == VERDICT_PASS && skb->cb[0] == REASON_ALLOWED)
+	if (p->family == 6) {
+		struct policy_v6_key key = { .prefixlen = 256 };
+
+		__builtin_memcpy(key.pod, ct->pod, 16);
+		__builtin_memcpy(key.peer, ct->peer, 16);
+		np = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key);
+		cp = bpf_map_lookup_elem(egress ? (void *)&enimasq_cluster_egress_v6 : (void *)&enimasq_cluster_ingress_v6,
+					 &key);
+	} else {
+		struct policy_v4_key key = { .prefixlen = 64 };
+
+		__builtin_memcpy(key.pod, ct->pod, 4);
+		__builtin_memcpy(key.peer, ct->peer, 4);
+		np = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key);
+		cp = bpf_map_lookup_elem(egress ? (void *)&enimasq_cluster_egress_v4 : (void *)&enimasq_cluster_ingress_v4,
+					 &key);
+	}
+	evaluate(cp, np, (f->protocol << 16) | (f->port_known ? f->port : 0), &d);
+	skb->cb[0] = d.reason;
+	skb->cb[1] = d.idx;
+	skb->cb[2] = d.step;
+	skb->cb[3] = d.object;
+	count(egress, &d);
+	if (d.deny)
+		return TC_ACT_SHOT;
+	if (present(cp) || present(np))
 		track(ct, f, egress);
-	return ret;
+	return VERDICT_PASS;
 }
 
 static __always_inline void frag_key_of(struct frag_key *k, struct __sk_buff *skb, const struct pkt *p)
@@ -710,16 +1005,17 @@ static __always_inline int spoofed(struct __sk_buff *skb, const struct pkt *p, i
 	return dev && p->ingress_ifindex && dev != p->ingress_ifindex;
 }
 
-static __always_inline int verdict(struct __sk_buff *skb, int egress)
+static __always_inline int verdict(struct __sk_buff *skb, int egress, struct pkt *pp, struct flow *fp)
 {
-	struct pkt p = {};
-	struct flow f = {};
+#define p (*pp)
+#define f (*fp)
 	struct ct_key ct = {};
-	const struct policy_value *v;
-	int ret, v6, nd = 0;
+	int ret, nd = 0;
 
 	skb->cb[0] = REASON_MALFORMED;
-	skb->cb[1] = NO_PORT_ENTRY;
+	skb->cb[1] = NO_INTERVAL;
+	skb->cb[2] = STEP_NONE;
+	skb->cb[3] = 0;
 	ret = parse(skb, &p);
 	if (ret == PARSE_ARP) {
 		skb->cb[0] = REASON_ARP;
@@ -727,7 +1023,6 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 	}
 	if (ret != PARSE_IP)
 		return TC_ACT_SHOT;
-	v6 = p.family == 6;
 	if (p.frag != FRAG_LATER && read_l4(skb, &p, &f))
 		return TC_ACT_SHOT;
 
@@ -751,36 +1046,60 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress)
 		skb->cb[0] = REASON_TRACKED;
 		ret = VERDICT_PASS;
 	} else {
-		if (v6) {
-			struct policy_v6_key key = { .prefixlen = 256 };
-
-			__builtin_memcpy(key.pod, ct.pod, 16);
-			__builtin_memcpy(key.peer, ct.peer, 16);
-			v = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key);
-		} else {
-			struct policy_v4_key key = { .prefixlen = 64 };
-
-			__builtin_memcpy(key.pod, ct.pod, 4);
-			__builtin_memcpy(key.peer, ct.peer, 4);
-			v = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key);
-		}
-		ret = decide_tracked(skb, v, &f, &ct, egress);
+		ret = decide(skb, &p, &f, &ct, egress);
 	}
 	if (ret == VERDICT_PASS && p.frag == FRAG_FIRST)
 		first_fragment_passed(skb, &p);
+	return ret;
+#undef p
+#undef f
+}
+
+/* report puts a denied packet in enimasq_policy_events when events are on. */
+static __always_inline void report(struct __sk_buff *skb, const struct pkt *p, const struct flow *f, int egress)
+{
+	struct policy_event *e;
+
+	if (!(mode() & MODE_EVENTS))
+		return;
+	e = bpf_ringbuf_reserve(&enimasq_policy_events, sizeof(*e), 0);
+	if (!e)
+		return;
+	__builtin_memcpy(e->src, p->src, 16);
+	__builtin_memcpy(e->dst, p->dst, 16);
+	e->ifindex = skb->ifindex;
+	e->object = skb->cb[3];
+	e->sport = f->port_known ? f->sport : 0;
+	e->dport = f->port_known ? f->port : 0;
+	e->family = p->family;
+	e->protocol = p->protocol;
+	e->egress = egress;
+	e->step = skb->cb[2];
+	e->reason = skb->cb[0];
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int run(struct __sk_buff *skb, int egress)
+{
+	struct pkt p = {};
+	struct flow f = {};
+	int ret = verdict(skb, egress, &p, &f);
+
+	if (ret == TC_ACT_SHOT)
+		report(skb, &p, &f, egress);
 	return ret;
 }
 
 SEC("tc")
 int policy_egress(struct __sk_buff *skb)
 {
-	return verdict(skb, 1);
+	return run(skb, 1);
 }
 
 SEC("tc")
 int policy_ingress(struct __sk_buff *skb)
 {
-	return verdict(skb, 0);
+	return run(skb, 0);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

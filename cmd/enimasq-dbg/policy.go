@@ -47,13 +47,14 @@ func entryJSON(e netpolicy.KernelPolicyEntry) policyEntryJSON {
 // bpfPolicyCommand is `bpf policy`: `bpf policy list [--pod IP]` and `bpf
 // policy pods`. It takes --bpf-root from the bpf command.
 func bpfPolicyCommand(o *options) *cobra.Command {
-	policy := &cobra.Command{Use: "policy", Short: "The network-policy maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6, enimasq_policy_pods)"}
+	policy := &cobra.Command{Use: "policy", Short: "The network-policy maps (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6, enimasq_cluster_*, enimasq_policy_pods)"}
 	var pod, format string
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the policy map entries, decoded: map, pod, peer prefix, allowed ports",
-		Long: "Lists every entry of the pinned policy maps as \"map pod peer ports\", where ports is\n" +
-			"\"deny\", \"any\" or a list like \"tcp/80,tcp/8000-8080,udp/*\".",
+		Long: "Lists every entry of the pinned policy and cluster maps as \"map pod peer ports\", where\n" +
+			"ports is \"deny\", \"any\", \"not isolated\" or a list like \"tcp/80,tcp/8000-8080,udp/*\"\n" +
+			"(a value's intervals, read whole from its chunks).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var podIP netip.Addr
@@ -70,12 +71,16 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 			defer closeMaps(maps)
 			entries := []policyEntryJSON{}
 			var lines []string
-			for _, name := range bpf.PolicyMapNames {
+			for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames) {
 				m, ok := maps[name]
 				if !ok {
 					continue
 				}
-				es, err := netpolicy.ListPolicyMap(name, m, podIP)
+				var chunks bpf.LookupMap
+				if c, ok := maps[netpolicy.ChunksOf(name)]; ok {
+					chunks = c
+				}
+				es, err := netpolicy.ListPolicyMap(name, m, chunks, podIP)
 				if err != nil {
 					return err
 				}
@@ -246,7 +251,7 @@ func openPinned(bpfRoot, name string) (*ebpf.Map, error) {
 func openPolicyMaps(bpfRoot string, readOnly bool) (map[string]*ebpf.Map, error) {
 	dir := bpf.GlobalsDir(bpfRoot)
 	maps := map[string]*ebpf.Map{}
-	for _, name := range bpf.PolicyMapNames {
+	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames, []string{bpf.PolicyChunksMapName, bpf.ClusterChunksMapName}) {
 		path := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: readOnly})
 		if errors.Is(err, os.ErrNotExist) {

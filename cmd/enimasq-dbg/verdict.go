@@ -70,12 +70,18 @@ func parseQueryLine(line string) (netpolicy.VerdictQuery, error) {
 
 // verdictJSON is a verdict as -o json|yaml prints it.
 type verdictJSON struct {
-	Query     string           `json:"query"`
-	Verdict   string           `json:"verdict"`
-	Reason    string           `json:"reason"`
-	Map       string           `json:"map"`
-	Entry     *policyEntryJSON `json:"entry,omitempty"`
-	PortEntry int              `json:"portEntry"`
+	Query   string `json:"query"`
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason"`
+	// Step is the deciding step (admin, namespace, baseline, default);
+	// Object the deciding object, when known.
+	Step         string           `json:"step"`
+	Object       string           `json:"object,omitempty"`
+	Map          string           `json:"map"`
+	Entry        *policyEntryJSON `json:"entry,omitempty"`
+	ClusterMap   string           `json:"clusterMap"`
+	ClusterEntry *policyEntryJSON `json:"clusterEntry,omitempty"`
+	Interval     int              `json:"interval"`
 	// Program says which program judged: "agent" (the one the agent
 	// keeps loaded) or "loaded" (loaded by this call).
 	Program string `json:"program,omitempty"`
@@ -83,13 +89,18 @@ type verdictJSON struct {
 }
 
 func toJSON(v netpolicy.Verdict) verdictJSON {
-	out := verdictJSON{Query: v.Query.String(), Verdict: "DENY", Reason: v.Result.Reason.String(), Map: v.Map, PortEntry: v.Result.PortEntry}
+	out := verdictJSON{Query: v.Query.String(), Verdict: "DENY", Reason: v.Result.Reason.String(), Step: v.Result.Step.String(),
+		Object: v.Object, Map: v.Map, ClusterMap: v.Cluster, Interval: v.Result.Interval}
 	if v.Result.Allow {
 		out.Verdict = "ALLOW"
 	}
 	if v.Entry != nil {
 		e := entryJSON(*v.Entry)
 		out.Entry = &e
+	}
+	if v.ClusterEntry != nil {
+		e := entryJSON(*v.ClusterEntry)
+		out.ClusterEntry = &e
 	}
 	return out
 }
@@ -233,9 +244,10 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 		return verdicts, errs, "", nil
 	}
 	var results []bpf.PolicyResult
+	var names []string
 	program = "agent"
 	if agentRoot != "" && filepath.Clean(agentRoot) == filepath.Clean(root) {
-		results, err = agentVerdicts(o, queries, valid)
+		results, names, err = agentVerdicts(o, queries, valid)
 	}
 	if results == nil && (agentRoot == "" || errors.Is(err, errNoAgentProgram) || err == nil) {
 		program = "loaded"
@@ -247,9 +259,13 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 	for j, i := range valid {
 		model := verdicts[i].Result
 		verdicts[i].Result = results[j]
-		if e := verdicts[i].Entry; e != nil && (results[j].Allow != model.Allow || results[j].PortEntry != model.PortEntry) {
-			errs[i] = fmt.Errorf("%s: the program says %+v, the pod's longest matching key %s says port entry %d: the map changed during the run?",
-				queries[i], results[j], e, model.PortEntry)
+		if names != nil {
+			verdicts[i].Object = names[j]
+		}
+		// The mode is the program's: the default step is the kernel's.
+		if r := results[j]; r.Step != bpf.StepDefault && (r.Allow != model.Allow || r.Step != model.Step || r.Interval != model.Interval) {
+			errs[i] = fmt.Errorf("%s: the program says %+v, the pod's longest matching keys say %+v: the maps changed during the run?",
+				queries[i], r, model)
 		}
 	}
 	return verdicts, errs, program, nil
@@ -259,7 +275,7 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 // program to run; the program is loaded here instead.
 var errNoAgentProgram = errors.New("the agent runs no verdict program")
 
-func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, error) {
+func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, []string, error) {
 	req := enforce.VerdictRequest{Queries: make([]enforce.VerdictQuery, len(valid))}
 	for j, i := range valid {
 		q := queries[i]
@@ -270,17 +286,23 @@ func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([
 	var notRunning *ipamapi.NotRunningError
 	switch {
 	case errors.As(err, &notRunning), code == http.StatusNotFound, code == http.StatusMethodNotAllowed, code == http.StatusServiceUnavailable:
-		return nil, fmt.Errorf("%w: %v", errNoAgentProgram, err)
+		return nil, nil, fmt.Errorf("%w: %v", errNoAgentProgram, err)
 	case err != nil:
-		return nil, err
+		return nil, nil, err
 	case len(answer.Results) != len(valid):
-		return nil, fmt.Errorf("the agent answered %d verdicts to %d queries", len(answer.Results), len(valid))
+		return nil, nil, fmt.Errorf("the agent answered %d verdicts to %d queries", len(answer.Results), len(valid))
 	}
 	out := make([]bpf.PolicyResult, len(valid))
+	names := make([]string, len(valid))
 	for j, r := range answer.Results {
-		out[j] = bpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, PortEntry: r.PortEntry}
+		step, err := bpf.ParsePolicyStep(r.Step)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the agent's verdict %d: %w", j, err)
+		}
+		out[j] = bpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, Step: step, Interval: r.Interval}
+		names[j] = r.Object
 	}
-	return out, nil
+	return out, names, nil
 }
 
 // loadedVerdicts loads the verdict program on the pinned maps (through the

@@ -97,7 +97,7 @@ func registerPolicyMaps(p policyMapParams) error {
 					}
 				}
 			}
-			return nil
+			return p.Ops.OpenSpill(p.Log, bpf.ChunkMapSpec(bpf.PolicyChunksMapName, p.Settings.MaxEntries), p.Node.GlobalsDir())
 		},
 		OnStop: func(cell.HookContext) error {
 			p.Ops.Close()

@@ -65,12 +65,12 @@ func TestCompilePod(t *testing.T) {
 			"enimasq_egress_v4 10.130.100.133 10.130.0.0/16 deny",
 			"enimasq_egress_v4 10.130.100.133 10.130.0.10/32 any",
 			"enimasq_egress_v4 10.130.100.133 10.130.112.20/32 tcp/8080",
-			"enimasq_ingress_v4 10.130.100.133 0.0.0.0/0 any",
+			"enimasq_ingress_v4 10.130.100.133 0.0.0.0/0 not isolated",
 		}},
 		{"a pod no object selects", "10.130.100.134", []string{string(sample)}, nil},
 		{"not isolated: allow-all, no host entry needed", "10.0.0.5", []string{pe("a", "  podIsolation: []\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n")}, []string{
-			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 any",
-			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any",
+			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 not isolated",
+			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 not isolated",
 		}},
 		{"isolated without rules: deny but the node", "fd00::5", []string{pe("a", "  podIsolation: [Ingress, Egress]\n  podSelectorEndpoints: [{hostIP: 'fd00::1', podIP: 'fd00::5'}]\n")}, []string{
 			"enimasq_egress_v6 fd00::5 ::/0 deny",
@@ -79,7 +79,7 @@ func TestCompilePod(t *testing.T) {
 			"enimasq_ingress_v6 fd00::5 fd00::1/128 any",
 		}},
 		{"the node IP wins over an except", "10.0.0.5", []string{pe("a", "  podIsolation: [Ingress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  ingress: [{cidr: 10.0.0.0/8, except: [10.0.0.0/24]}, {cidr: 10.0.0.1/32, ports: [{port: 1}]}]\n")}, []string{
-			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 any",
+			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 not isolated",
 			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 deny",
 			"enimasq_ingress_v4 10.0.0.5 10.0.0.0/8 any",
 			"enimasq_ingress_v4 10.0.0.5 10.0.0.0/24 deny",
@@ -88,7 +88,7 @@ func TestCompilePod(t *testing.T) {
 		{"rules of a direction the object does not isolate are ignored", "10.0.0.5", []string{
 			pe("a", "  podIsolation: [Ingress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidr: 10.0.0.0/8}]\n"),
 		}, []string{
-			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 any",
+			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 not isolated",
 			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 deny",
 			"enimasq_ingress_v4 10.0.0.5 10.0.0.1/32 any",
 		}},
@@ -101,7 +101,7 @@ func TestCompilePod(t *testing.T) {
 			"enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any",
 			"enimasq_egress_v4 10.0.0.5 10.2.0.0/16 tcp/91-100,udp/*,sctp/9",
 			"enimasq_egress_v4 10.0.0.5 10.2.3.0/24 udp/*",
-			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any",
+			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 not isolated",
 		}},
 		{"a rule without ports allows every protocol", "10.0.0.5", []string{
 			pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidr: 10.0.0.0/8, ports: [{port: 80}]}, {cidr: 10.0.0.0/8}]\n"),
@@ -109,14 +109,14 @@ func TestCompilePod(t *testing.T) {
 			"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 deny",
 			"enimasq_egress_v4 10.0.0.5 10.0.0.0/8 any",
 			"enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any",
-			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any",
+			"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 not isolated",
 		}},
 		{"v4 items are not used for the v6 pod IP", "fd00::5", []string{string(sample), pe("dual", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5, name: w}, {hostIP: 'fd00::1', podIP: 'fd00::5', name: w}]\n  egress: [{cidr: 10.0.0.0/8}, {cidr: 'fd00::/8', except: ['fd00::/16'], ports: [{port: 1}]}]\n")}, []string{
 			"enimasq_egress_v6 fd00::5 ::/0 deny",
 			"enimasq_egress_v6 fd00::5 fd00::/8 tcp/1",
 			"enimasq_egress_v6 fd00::5 fd00::/16 deny",
 			"enimasq_egress_v6 fd00::5 fd00::1/128 any",
-			"enimasq_ingress_v6 fd00::5 ::/0 any",
+			"enimasq_ingress_v6 fd00::5 ::/0 not isolated",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,23 +128,43 @@ func TestCompilePod(t *testing.T) {
 	}
 }
 
-func TestCompileTooManyPortEntriesFailsClosed(t *testing.T) {
-	var ports []string
-	for i := range 25 {
-		ports = append(ports, "{port: "+itoa(1000+2*i)+"}")
-	}
-	pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress:\n"+
-		"  - {cidr: 10.0.0.0/8, ports: ["+strings.Join(ports, ", ")+"]}\n  - {cidr: 10.1.0.0/16, ports: ["+strings.Join(ports[:24], ", ")+"]}\n"))
-	got := entryLines(CompilePod(netip.MustParseAddr("10.0.0.5"), pes))
-	want := []string{
-		"enimasq_egress_v4 10.0.0.5 0.0.0.0/0 deny",
-		"enimasq_egress_v4 10.0.0.5 10.0.0.0/8 deny ERROR 25 distinct port entries, a key holds at most 24: the key denies (fails closed)",
-		"enimasq_egress_v4 10.0.0.5 10.0.0.1/32 any",
-		"enimasq_egress_v4 10.0.0.5 10.1.0.0/16 deny ERROR 25 distinct port entries, a key holds at most 24: the key denies (fails closed)",
-		"enimasq_ingress_v4 10.0.0.5 0.0.0.0/0 any",
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+// TestCompileAnyNumberOfPortEntries: a rule's ports are compiled whatever
+// their number (the AWS agent truncates at 24): the value allows exactly
+// those, its intervals past the inline ones in chunks.
+func TestCompileAnyNumberOfPortEntries(t *testing.T) {
+	for _, n := range []int{24, 30, 1000} {
+		var ports []string
+		for i := range n {
+			ports = append(ports, "{port: "+itoa(1000+2*i)+"}")
+		}
+		pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress:\n"+
+			"  - {cidr: 10.0.0.0/8, ports: ["+strings.Join(ports, ", ")+"]}\n"))
+		var key *PolicyMapEntry
+		for _, e := range CompilePod(netip.MustParseAddr("10.0.0.5"), pes) {
+			if e.Map() == bpf.PolicyEgressV4MapName && e.Peer() == netip.MustParsePrefix("10.0.0.0/8") {
+				key = e
+			}
+		}
+		if key == nil || key.EncodeError() != "" {
+			t.Fatalf("%d ports: no 10.0.0.0/8 key, or an error: %v", n, key)
+		}
+		chunks := map[string][]byte{}
+		for _, c := range key.Spill() {
+			chunks[string(c.Key)] = c.Value
+		}
+		if (n > bpf.PolicyInlineIntervals) != (len(chunks) > 0) || (len(chunks) > 0) != (key.SpillMap() == bpf.PolicyChunksMapName) {
+			t.Errorf("%d ports: %d chunks in %q", n, len(chunks), key.SpillMap())
+		}
+		v, err := bpf.UnmarshalPolicyValue(key.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		for port := uint16(990); port < uint16(1000+2*n+10); port++ {
+			want := port >= 1000 && port < uint16(1000+2*n) && port%2 == 0
+			if got := v.Search(bpf.PortPoint(bpf.ProtocolTCP, port, true)) >= 0; got != want {
+				t.Fatalf("%d ports: tcp/%d allowed=%t, want %t", n, port, got, want)
+			}
+		}
 	}
 }
 
@@ -169,10 +189,7 @@ func TestMergePorts(t *testing.T) {
 		{[]endpoints.Port{udp(53, 0), tcp(0, 0), tcp(80, 0)}, "tcp/*,udp/53"},
 		{[]endpoints.Port{{Protocol: bpf.ProtocolSCTP, Port: 9}, udp(53, 0), tcp(1, 65535)}, "tcp/1-65535,udp/53,sctp/9"},
 	} {
-		v, err := bpf.NewPolicyValue(mergePorts(nil, tc.in))
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := bpf.AllowValue(mergePorts(nil, tc.in)...)
 		if got := v.String(); got != tc.want {
 			t.Errorf("mergePorts(%v) = %s, want %s", tc.in, got, tc.want)
 		}

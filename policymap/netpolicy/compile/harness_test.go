@@ -206,14 +206,18 @@ func (h *policyHarness) kernelEntries() []string {
 	h.tb.Helper()
 	var out []string
 	for name, m := range h.kernelMaps() {
+		chunks := name == bpf.PolicyChunksMapName
 		_, fam, err := bpf.ParsePolicyMapName(name)
-		if err != nil {
+		if err != nil && !chunks {
 			h.tb.Fatal(err)
 		}
 		key := make([]byte, m.KeySize())
 		value := make([]byte, m.ValueSize())
 		iter := m.Iterate()
 		for iter.Next(&key, &value) {
+			if chunks {
+				continue // content-addressed, pruned later: not compared
+			}
 			if _, _, err := bpf.UnmarshalPolicyKey(fam, key); err != nil {
 				h.tb.Fatalf("%s holds an invalid key: %v", name, err)
 			}

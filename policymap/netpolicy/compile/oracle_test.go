@@ -128,11 +128,15 @@ func evalEntries(entries []*PolicyMapEntry, p packet) bool {
 	if best == nil {
 		return true
 	}
-	v, err := bpf.UnmarshalPolicyValue(best.MapValue())
+	chunks := map[string][]byte{}
+	for _, c := range best.Spill() {
+		chunks[string(c.Key)] = c.Value
+	}
+	v, err := bpf.UnmarshalPolicyValue(best.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
 	if err != nil {
 		panic(err)
 	}
-	return v.Match(p.Proto, p.Port, bpf.PortKnown(p.Proto)) >= 0
+	return bpf.EvaluatePolicy(nil, &v, bpf.PortPoint(p.Proto, p.Port, bpf.PortKnown(p.Proto)), false).Allow
 }
 
 // compileScenario compiles every pod IP of the node's families.

@@ -109,7 +109,7 @@ func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
 		}
 	}
 	if !isolated {
-		t.add(templateEntry{peer: root, value: anyPorts})
+		t.add(templateEntry{peer: root, value: notIsolated})
 		return t
 	}
 

@@ -18,13 +18,15 @@ import (
 // PolicyMapEntriesTableName is the table of network-policy map entries.
 const PolicyMapEntriesTableName = "policy-map-entries"
 
-// portValue is a compiled map value: its kernel bytes, its text and, when
-// the rules could not be encoded for a key, why it denies. Immutable and
-// shared by every entry with the same value.
+// portValue is a compiled map value: its kernel bytes, its chunks (the
+// intervals past the value's, in enimasq_policy_chunks), its text and, when
+// it could not be encoded, why it denies. Immutable and shared by every
+// entry with the same value.
 type portValue struct {
-	bytes []byte
-	text  string
-	err   string
+	bytes  []byte
+	chunks []bpf.SpillEntry
+	text   string
+	err    string
 }
 
 // templateEntry is an entry of a compiled template (template.go): the
@@ -53,6 +55,16 @@ type PolicyMapEntry struct {
 func (e *PolicyMapEntry) MapName() string  { return e.t.mapName }
 func (e *PolicyMapEntry) MapValue() []byte { return e.t.value.bytes }
 
+// SpillMap and Spill are the value's chunks (bpf.Spiller), written before
+// the entry.
+func (e *PolicyMapEntry) SpillMap() string {
+	if len(e.t.value.chunks) == 0 {
+		return ""
+	}
+	return bpf.PolicyChunksMapName
+}
+func (e *PolicyMapEntry) Spill() []bpf.SpillEntry { return e.t.value.chunks }
+
 // MapKey encodes the kernel key: pod and peer are of one family by
 // construction (a template is compiled for the family of its pods), so it
 // does not fail; if it ever did, the nil key fails the operation and the
@@ -74,8 +86,8 @@ func (e *PolicyMapEntry) Peer() netip.Prefix { return e.t.peer }
 // Ports is the value as text: "deny", "any", or "tcp/80,udp/53".
 func (e *PolicyMapEntry) Ports() string { return e.t.value.text }
 
-// EncodeError is set when the rules cannot be encoded for this key (more
-// than 24 port entries): the key then denies (fails closed).
+// EncodeError is set when the value cannot be encoded (never for a
+// compiled value): the key then denies (fails closed).
 func (e *PolicyMapEntry) EncodeError() string { return e.t.value.err }
 
 func (e *PolicyMapEntry) Clone() *PolicyMapEntry { c := *e; return &c }

@@ -2,7 +2,6 @@ package compile
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/enimasq/enimasq/bpf"
 )
@@ -11,13 +10,22 @@ import (
 
 // The values every template uses.
 var (
-	denyPorts = newPortValue(bpf.PolicyValue{}, "")
-	anyPorts  = newPortValue(bpf.PolicyValue{bpf.AnyPortEntry}, "")
+	denyPorts = newPortValue(bpf.AllowValue())
+	anyPorts  = newPortValue(bpf.AllowValue(bpf.AnyPortEntry))
+	// notIsolated is the root value of a direction that no selecting
+	// object isolates: the NetworkPolicy decides nothing there, the
+	// Baseline tier and the default do.
+	notIsolated = newPortValue(&bpf.PolicyValue{NotIsolated: true})
 )
 
-func newPortValue(v bpf.PolicyValue, err string) *portValue {
-	b, _ := v.MarshalBinary() // a fixed-size array: never fails
-	return &portValue{bytes: b, text: v.String(), err: err}
+// newPortValue encodes a value. Values are built from sorted, merged port
+// entries: they always encode.
+func newPortValue(v *bpf.PolicyValue) *portValue {
+	b, chunks, err := v.Encode()
+	if err != nil {
+		return &portValue{bytes: make([]byte, bpf.PolicyValueSize), text: "deny", err: err.Error()}
+	}
+	return &portValue{bytes: b, chunks: chunks, text: v.String()}
 }
 
 // valueInterner shares the values of a template: a value seen before
@@ -32,14 +40,11 @@ func newValueInterner() *valueInterner {
 	return &valueInterner{seen: map[string]*portValue{}}
 }
 
-// value returns the value of the live ports.
+// value returns the value of the live ports, whatever their number: the
+// intervals past a map value's go in chunks (bpf.PolicyValue).
 func (v *valueInterner) value(cover *portCover) *portValue {
-	n := cover.count()
-	switch {
-	case n == 0:
+	if cover.count() == 0 {
 		return denyPorts
-	case n > bpf.PolicyMaxPortEntries:
-		return v.tooMany(n)
 	}
 	v.scratch = cover.appendEntries(v.scratch[:0])
 	v.key = v.key[:0]
@@ -51,24 +56,7 @@ func (v *valueInterner) value(cover *portCover) *portValue {
 	if pv, ok := v.seen[string(v.key)]; ok {
 		return pv
 	}
-	b, text, err := bpf.EncodePortEntries(v.scratch)
-	if err != nil { // the count was checked; protocols are never 0
-		return &portValue{bytes: denyPorts.bytes, text: denyPorts.text, err: err.Error()}
-	}
-	pv := &portValue{bytes: b, text: text}
+	pv := newPortValue(bpf.AllowValue(v.scratch...))
 	v.seen[string(v.key)] = pv
-	return pv
-}
-
-// tooMany is the value of a key whose union has n > 24 entries: it denies
-// and says why. One per n.
-func (v *valueInterner) tooMany(n int) *portValue {
-	key := fmt.Sprintf("too many: %d", n)
-	if pv, ok := v.seen[key]; ok {
-		return pv
-	}
-	msg := fmt.Sprintf("%d distinct port entries, a key holds at most %d: the key denies (fails closed)", n, bpf.PolicyMaxPortEntries)
-	pv := &portValue{bytes: denyPorts.bytes, text: denyPorts.text, err: msg}
-	v.seen[key] = pv
 	return pv
 }

@@ -49,3 +49,8 @@ type SelectedPods func(txn statedb.ReadTxn) (pods []netip.Addr, initialized bool
 // PolicyMaps returns the kernel policy maps by name (bpf.PolicyMapNames),
 // once they are open.
 type PolicyMaps func(ctx context.Context) (map[string]*ebpf.Map, error)
+
+// ObjectNames names the object that decided a verdict (from the policy
+// tables: a ClusterPolicyEndpoint by its id, the PolicyEndpoints of a
+// NetworkPolicy decision); "" for none.
+type ObjectNames func(d bpf.Direction, q VerdictQuery, res bpf.PolicyResult) string

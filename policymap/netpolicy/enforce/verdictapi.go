@@ -49,8 +49,16 @@ type VerdictQuery struct {
 type VerdictResult struct {
 	Allow  bool             `json:"allow"`
 	Reason bpf.PolicyReason `json:"reason"`
-	// PortEntry is the index of the port entry that allowed, or -1.
-	PortEntry int `json:"portEntry"`
+	// Step is the deciding step: admin, namespace, baseline or default.
+	Step string `json:"step"`
+	// Object names the deciding object ("ClusterPolicyEndpoint/name",
+	// "PolicyEndpoint/namespace/name"; several, comma-separated, for a
+	// NetworkPolicy denial: the objects that isolate the pod), "" when
+	// none decided.
+	Object string `json:"object,omitempty"`
+	// Interval is the index of the deciding interval in the deciding
+	// map's value, or -1.
+	Interval int `json:"interval"`
 }
 
 // VerdictRequest and VerdictAnswer are the body and answer of a call.
@@ -68,14 +76,25 @@ type (
 type Verdicts struct {
 	settings Settings
 	maps     PolicyMaps
+	names    ObjectNames
 
 	mu     sync.Mutex
 	loaded boundPrograms
 	mode   *ebpf.Map
 }
 
-func newVerdicts(lc cell.Lifecycle, s Settings, maps PolicyMaps) *Verdicts {
-	v := &Verdicts{settings: s, maps: maps}
+type verdictsParams struct {
+	cell.In
+
+	Lifecycle cell.Lifecycle
+	Settings  Settings
+	Maps      PolicyMaps
+	Names     ObjectNames `optional:"true"`
+}
+
+func newVerdicts(p verdictsParams) *Verdicts {
+	lc, s := p.Lifecycle, p.Settings
+	v := &Verdicts{settings: s, maps: p.Maps, names: p.Names}
 	lc.Append(cell.Hook{OnStop: func(cell.HookContext) error { v.close(); return nil }})
 	return v
 }
@@ -165,7 +184,10 @@ func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Message: fmt.Sprintf("query %d: %v", i, err), Reason: "run"})
 			return
 		}
-		answer.Results[i] = VerdictResult{Allow: res.Allow, Reason: res.Reason, PortEntry: res.PortEntry}
+		answer.Results[i] = VerdictResult{Allow: res.Allow, Reason: res.Reason, Step: res.Step.String(), Interval: res.Interval}
+		if v.names != nil {
+			answer.Results[i].Object = v.names(dirs[i], req.Queries[i], res)
+		}
 	}
 	writeJSON(w, http.StatusOK, answer)
 }

@@ -27,12 +27,29 @@ func (e KernelPolicyEntry) String() string {
 	return fmt.Sprintf("%s %s %s %s", e.Map, e.Pod, e.Peer, e.Value.String())
 }
 
-// ListPolicyMap returns the entries of the policy map name, sorted by pod
-// then peer. With a valid pod, only that pod's entries.
-func ListPolicyMap(name string, m bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
+// ListPolicyMap returns the entries of the policy or cluster map name,
+// sorted by pod then peer, their values read whole from chunks (the map's
+// chunk map; nil when it is not open: a long value is then an error). With
+// a valid pod, only that pod's entries.
+func ListPolicyMap(name string, m, chunks bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
 	_, fam, err := bpf.ParsePolicyMapName(name)
 	if err != nil {
-		return nil, err
+		if _, fam, err = bpf.ParseClusterMapName(name); err != nil {
+			return nil, err
+		}
+	}
+	var lookup func([]byte) ([]byte, error)
+	if chunks != nil && !bpf.IsNil(chunks) {
+		lookup = func(key []byte) ([]byte, error) {
+			v := make([]byte, chunks.ValueSize())
+			if err := chunks.Lookup(key, v); err != nil {
+				if errors.Is(err, ebpf.ErrKeyNotExist) {
+					return nil, bpf.ErrChunkMissing
+				}
+				return nil, err
+			}
+			return v, nil
+		}
 	}
 	keys, err := bpf.Keys(m)
 	if err != nil {
@@ -53,7 +70,7 @@ func ListPolicyMap(name string, m bpf.LookupMap, pod netip.Addr) ([]KernelPolicy
 		} else if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
-		v, err := bpf.UnmarshalPolicyValue(value)
+		v, err := bpf.UnmarshalPolicyValue(value, lookup)
 		if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
@@ -68,16 +85,34 @@ func ListPolicyMap(name string, m bpf.LookupMap, pod netip.Addr) ([]KernelPolicy
 	return out, nil
 }
 
+// ChunksOf is the chunk map of a policy or cluster map.
+func ChunksOf(name string) string {
+	if slices.Contains(bpf.ClusterMapNames, name) {
+		return bpf.ClusterChunksMapName
+	}
+	return bpf.PolicyChunksMapName
+}
+
+// lookupIn returns the map of that name, nil if absent.
+func lookupIn[M bpf.LookupMap](maps map[string]M, name string) bpf.LookupMap {
+	m, ok := maps[name]
+	if !ok || bpf.IsNil(m) {
+		return nil
+	}
+	return m
+}
+
 // ListPolicyMaps lists the given maps (by name; nil maps are skipped) in
-// the order of bpf.PolicyMapNames, one "map pod peer ports" line per entry.
+// the order of bpf.PolicyMapNames then bpf.ClusterMapNames, one "map pod
+// peer ports" line per entry.
 func ListPolicyMaps[M bpf.LookupMap](maps map[string]M, pod netip.Addr) (string, error) {
 	var out strings.Builder
-	for _, name := range bpf.PolicyMapNames {
-		m, ok := maps[name]
-		if !ok || bpf.IsNil(m) {
+	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames) {
+		m := lookupIn(maps, name)
+		if m == nil {
 			continue
 		}
-		entries, err := ListPolicyMap(name, m, pod)
+		entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), pod)
 		if err != nil {
 			return "", err
 		}

@@ -63,69 +63,107 @@ func (q VerdictQuery) String() string {
 	return fmt.Sprintf("%s %s %s %s", q.Direction, q.Pod, q.Peer, flow)
 }
 
-// Verdict is what the policy program decided for a query, with the entry
-// that decided.
+// Verdict is what the policy program decided for a query, with the keys
+// it looked at.
 type Verdict struct {
 	Query  VerdictQuery
 	Result bpf.PolicyResult
-	// Map is the map the program looked in.
-	Map string
-	// Entry is the pod's longest matching key in Map, read from the
-	// kernel; nil when the pod has none.
-	Entry *KernelPolicyEntry
+	// Map and Cluster are the NetworkPolicy and cluster maps the program
+	// looked in.
+	Map, Cluster string
+	// Entry and ClusterEntry are the pod's longest matching keys in Map
+	// and Cluster, read from the kernel; nil when the pod has none.
+	Entry, ClusterEntry *KernelPolicyEntry
+	// Object names the deciding object ("ClusterPolicyEndpoint/name",
+	// "PolicyEndpoint/namespace/name"), when the caller knows it.
+	Object string
 }
 
-// String is one line: "ALLOW|DENY <query> by <map> <peer prefix>
-// [<ports>]: <why>", or, for a pod without keys, "ALLOW <query>: no key
-// for the pod in <map>: no policy selects the pod".
+// decidingEntry is the key whose interval decided, nil for none.
+func (v Verdict) decidingEntry() *KernelPolicyEntry {
+	switch v.Result.Step {
+	case bpf.StepAdmin, bpf.StepBaseline:
+		return v.ClusterEntry
+	case bpf.StepNamespace:
+		return v.Entry
+	}
+	return nil
+}
+
+// String is one line: "ALLOW|DENY <query>: <step>[ <object>]: <why>
+// [<map> <peer prefix>: <ports>]", the key and interval that decided.
 func (v Verdict) String() string {
 	word := "DENY"
 	if v.Result.Allow {
 		word = "ALLOW"
 	}
-	if v.Entry == nil {
-		return fmt.Sprintf("%s %s: no key for the pod in %s: %s", word, v.Query, v.Map, v.Result.Reason)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s: %s", word, v.Query, v.Result.Step)
+	if v.Object != "" {
+		fmt.Fprintf(&b, " %s", v.Object)
 	}
-	why := "no entry allows"
-	if i := v.Result.PortEntry; i >= 0 && i < len(v.Entry.Value.Entries()) {
-		why = fmt.Sprintf("entry %d (%s) allows", i, v.Entry.Value[i])
+	fmt.Fprintf(&b, ": %s", v.Result.Reason)
+	if e := v.decidingEntry(); e != nil {
+		fmt.Fprintf(&b, " [%s %s: ", e.Map, e.Peer)
+		if i := v.Result.Interval; i >= 0 && i < len(e.Value.Intervals) {
+			b.WriteString(bpf.IntervalText(e.Value.Intervals[i]))
+		} else {
+			b.WriteString(e.Value.String())
+		}
+		b.WriteByte(']')
+	} else if v.Result.Step == bpf.StepDefault && v.Entry == nil && v.ClusterEntry == nil {
+		fmt.Fprintf(&b, " (no key for the pod in %s or %s)", v.Map, v.Cluster)
 	}
-	return fmt.Sprintf("%s %s by %s %s [%s]: %s", word, v.Query, v.Entry.Map, v.Entry.Peer, v.Entry.Value.String(), why)
+	return b.String()
+}
+
+// longest is the pod's longest key of map name that holds peer.
+func longest[M bpf.LookupMap](maps map[string]M, name string, q VerdictQuery) (*KernelPolicyEntry, error) {
+	m := lookupIn(maps, name)
+	if m == nil {
+		return nil, nil
+	}
+	entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), q.Pod)
+	if err != nil {
+		return nil, err
+	}
+	var best *KernelPolicyEntry
+	for i := range entries {
+		e := &entries[i]
+		if e.Peer.Contains(q.Peer) && (best == nil || e.Peer.Bits() > best.Peer.Bits()) {
+			best = e
+		}
+	}
+	return best, nil
 }
 
 // JudgePacket judges a packet made from q: it runs the policy program
-// (prog) and looks up in maps (read from the kernel) the entry that decided;
-// it fails if the entry and the program disagree, which would mean the maps
-// changed under the run. With a nil prog (fake maps: no program can run on
-// them) the entry decides alone, as the program would (c/policy.c): its
-// first port entry that matches allows, none denies, and a pod without a
-// matching key is allowed (no policy selects it).
+// (prog) and looks up in maps (read from the kernel) the keys that
+// decided; it fails if they and the program disagree, which would mean the
+// maps changed under the run. With a nil prog (fake maps: no program can
+// run on them) the keys decide alone, as the program would
+// (bpf.EvaluatePolicy, standard mode).
 func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q VerdictQuery) (Verdict, error) {
 	fam := bpf.FamilyOf(q.Pod)
 	if bpf.FamilyOf(q.Peer) != fam {
 		return Verdict{}, fmt.Errorf("pod %s and peer %s: %w", q.Pod, q.Peer, bpf.ErrWrongFamily)
 	}
-	v := Verdict{Query: q, Map: bpf.PolicyMapName(q.Direction, fam)}
-	if m, ok := maps[v.Map]; ok && !bpf.IsNil(m) {
-		entries, err := ListPolicyMap(v.Map, m, q.Pod)
-		if err != nil {
-			return Verdict{}, err
-		}
-		for i := range entries {
-			e := &entries[i]
-			if e.Peer.Contains(q.Peer) && (v.Entry == nil || e.Peer.Bits() > v.Entry.Peer.Bits()) {
-				v.Entry = e
-			}
-		}
+	v := Verdict{Query: q, Map: bpf.PolicyMapName(q.Direction, fam), Cluster: bpf.ClusterMapName(q.Direction, fam)}
+	var err error
+	if v.Entry, err = longest(maps, v.Map, q); err != nil {
+		return Verdict{}, err
 	}
-	model := bpf.PolicyResult{Allow: true, Reason: bpf.PolicyNoPolicy, PortEntry: -1}
+	if v.ClusterEntry, err = longest(maps, v.Cluster, q); err != nil {
+		return Verdict{}, err
+	}
+	var np, cp *bpf.PolicyValue
 	if v.Entry != nil {
-		i := v.Entry.Value.Match(q.Protocol, q.Port, bpf.PortKnown(q.Protocol))
-		model = bpf.PolicyResult{Allow: i >= 0, Reason: bpf.PolicyDenied, PortEntry: i}
-		if i >= 0 {
-			model.Reason = bpf.PolicyAllowed
-		}
+		np = &v.Entry.Value
 	}
+	if v.ClusterEntry != nil {
+		cp = &v.ClusterEntry.Value
+	}
+	model := bpf.EvaluatePolicy(cp, np, bpf.PortPoint(q.Protocol, q.Port, bpf.PortKnown(q.Protocol)), false)
 	if prog == nil {
 		v.Result = model
 		return v, nil
@@ -141,9 +179,10 @@ func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q 
 	if v.Result, err = prog.Run(q.Direction, frame); err != nil {
 		return Verdict{}, err
 	}
-	if v.Entry != nil && (v.Result.Allow != model.Allow || v.Result.PortEntry != model.PortEntry) {
-		return v, fmt.Errorf("%s: the program says %+v, the pod's longest matching key %s says port entry %d: the map changed during the run?",
-			q, v.Result, v.Entry, model.PortEntry)
+	// The mode is the program's: compare the steps that do not depend on it.
+	if v.Result.Step != bpf.StepDefault && (v.Result.Allow != model.Allow || v.Result.Step != model.Step || v.Result.Interval != model.Interval) {
+		return v, fmt.Errorf("%s: the program says %+v, the pod's longest matching keys say %+v: the maps changed during the run?",
+			q, v.Result, model)
 	}
 	return v, nil
 }
