@@ -93,6 +93,24 @@ func PolicyStateSpecs() (ct, mode *ebpf.MapSpec, err error) {
 	return spec.Maps[PolicyCTMapName].Copy(), spec.Maps[PolicyModeMapName].Copy(), nil
 }
 
+// PolicyStateSpec is the spec of one of the programs' state maps (a name
+// of PolicyStateMapNames), as the program declares it.
+func PolicyStateSpec(name string) (*ebpf.MapSpec, error) {
+	spec, err := loadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("load policy program spec: %w", err)
+	}
+	ms, ok := spec.Maps[name]
+	if !ok || !slices.Contains(policyStateMapNames, name) {
+		return nil, fmt.Errorf("the policy program has no state map %s", name)
+	}
+	return ms.Copy(), nil
+}
+
+// PolicyStateMapNames are the programs' state maps: tracked connections,
+// mode, the devices' pods, fragments, verdict counters, events.
+func PolicyStateMapNames() []string { return slices.Clone(policyStateMapNames) }
+
 // PolicyFragsSpec is the spec of the map of the fragmented datagrams.
 func PolicyFragsSpec() (*ebpf.MapSpec, error) {
 	spec, err := loadPolicy()

@@ -190,14 +190,7 @@ func (o *bindingOps) forget(match func(bpf.PolicyConnection) bool, why string) e
 }
 
 // ct is the connection-tracking map, once the state is open.
-func (p *programs) ct() (*ebpf.Map, error) {
-	if err := p.start(); err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.state[0], nil
-}
+func (p *programs) ct() (*ebpf.Map, error) { return p.stateMap(bpf.PolicyCTMapName) }
 
 // forgetDevice forgets the connections tracked on a device that no longer
 // carries the programs, but for those of a pod still bound to it.

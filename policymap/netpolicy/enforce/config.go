@@ -38,6 +38,9 @@ type Settings struct {
 	// ConntrackMax is the size of the connection-tracking map (0: the
 	// program's).
 	ConntrackMax uint32
+	// Events: the programs report denied packets in the events ring
+	// buffer (--policy-event-logs).
+	Events bool
 }
 
 // SelectedPods returns the pod IPs the policies select, whether the

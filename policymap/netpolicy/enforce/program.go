@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	stdmaps "maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -23,7 +23,7 @@ type programs struct {
 
 	mu     sync.Mutex
 	loaded boundPrograms
-	state  []*ebpf.Map // ct, mode, pods, frags
+	state  map[string]*ebpf.Map // by name: bpf.PolicyStateMapNames
 }
 
 // get returns the programs for the current policy maps.
@@ -42,8 +42,7 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 				return nil, err
 			}
 		}
-		return map[string]*ebpf.Map{bpf.PolicyCTMapName: p.state[0], bpf.PolicyModeMapName: p.state[1],
-			bpf.PolicyPodsMapName: p.state[2], bpf.PolicyFragsMapName: p.state[3]}, nil
+		return stdmaps.Clone(p.state), nil
 	})
 }
 
@@ -73,7 +72,7 @@ func (b *boundPrograms) bind(policy map[string]*ebpf.Map, state func() (map[stri
 	if err != nil {
 		return nil, err
 	}
-	all := maps.Clone(st)
+	all := stdmaps.Clone(st)
 	for name, m := range policy {
 		all[name] = m
 	}
@@ -93,32 +92,30 @@ func (b *boundPrograms) close() {
 	}
 }
 
-// openState opens the pinned connection-tracking, mode, devices' pods and
-// fragments maps (made and pinned the first time, kept across restarts) and writes
-// the mode.
-func (p *programs) openState() ([]*ebpf.Map, error) {
-	ctSpec, modeSpec, err := bpf.PolicyStateSpecs()
-	if err != nil {
-		return nil, err
-	}
-	podsSpec, err := bpf.PolicyPodsSpec()
-	if err != nil {
-		return nil, err
-	}
-	fragsSpec, err := bpf.PolicyFragsSpec()
-	if err != nil {
-		return nil, err
-	}
-	if p.settings.ConntrackMax > 0 {
-		// Another size than the pinned map's is another map: the pin is
-		// replaced (ErrMapIncompatible below), its connections lost.
-		ctSpec.MaxEntries = p.settings.ConntrackMax
-	}
+// openState opens the pinned state maps (bpf.PolicyStateMapNames: made
+// and pinned the first time, kept across restarts) and writes the mode.
+func (p *programs) openState() (map[string]*ebpf.Map, error) {
 	if err := os.MkdirAll(p.settings.GlobalsDir, 0o700); err != nil {
 		return nil, err
 	}
-	var out []*ebpf.Map
-	for _, spec := range []*ebpf.MapSpec{ctSpec, modeSpec, podsSpec, fragsSpec} {
+	out := map[string]*ebpf.Map{}
+	closeAll := func() {
+		for _, o := range out {
+			o.Close()
+		}
+	}
+	for _, name := range bpf.PolicyStateMapNames() {
+		spec, err := bpf.PolicyStateSpec(name)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if name == bpf.PolicyCTMapName && p.settings.ConntrackMax > 0 {
+			// Another size than the pinned map's is another map: the
+			// pin is replaced (ErrMapIncompatible below), its
+			// connections lost.
+			spec.MaxEntries = p.settings.ConntrackMax
+		}
 		spec.Pinning = ebpf.PinByName
 		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -127,17 +124,17 @@ func (p *programs) openState() ([]*ebpf.Map, error) {
 			m, err = ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: p.settings.GlobalsDir})
 		}
 		if err != nil {
-			for _, o := range out {
-				o.Close()
-			}
+			closeAll()
 			return nil, fmt.Errorf("map %s pinned in %s: %w", spec.Name, p.settings.GlobalsDir, err)
 		}
-		out = append(out, m)
+		out[name] = m
 	}
-	if err := bpf.SetPolicyMode(out[1], p.settings.Mode); err != nil {
-		for _, o := range out {
-			o.Close()
-		}
+	mode := p.settings.Mode
+	if p.settings.Events {
+		mode |= bpf.PolicyModeEvents
+	}
+	if err := bpf.SetPolicyMode(out[bpf.PolicyModeMapName], mode); err != nil {
+		closeAll()
 		return nil, err
 	}
 	return out, nil
@@ -182,11 +179,19 @@ func sameIDs(a, b map[string]ebpf.MapID) bool {
 }
 
 // pods is the map of the devices' pods, once the state is open.
-func (p *programs) pods() (*ebpf.Map, error) {
+func (p *programs) pods() (*ebpf.Map, error) { return p.stateMap(bpf.PolicyPodsMapName) }
+
+// stateMap is a state map (bpf.PolicyStateMapNames), once the state is
+// open: the verdict counters and events are read from theirs.
+func (p *programs) stateMap(name string) (*ebpf.Map, error) {
 	if err := p.start(); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.state[2], nil
+	m, ok := p.state[name]
+	if !ok {
+		return nil, fmt.Errorf("no policy state map %s", name)
+	}
+	return m, nil
 }
