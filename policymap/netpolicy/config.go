@@ -28,6 +28,7 @@ type PolicyConfig struct {
 	EnforcingMode                 string        `mapstructure:"network-policy-enforcing-mode"`
 	Attach                        string        `mapstructure:"network-policy-attach"`
 	AttachCheckInterval           time.Duration `mapstructure:"network-policy-attach-check-interval"`
+	PolicyEventLogs               bool          `mapstructure:"policy-event-logs"`
 }
 
 // DefaultPolicyConfig has network policy off.
@@ -40,6 +41,7 @@ var DefaultPolicyConfig = PolicyConfig{
 	EnforcingMode:                 "standard",
 	Attach:                        enforce.AttachAuto,
 	AttachCheckInterval:           time.Second,
+	PolicyEventLogs:               false,
 }
 
 // maxPolicyMapEntries bounds --policy-map-max-entries: each entry of a full
@@ -62,6 +64,7 @@ func (def PolicyConfig) Flags(flags *pflag.FlagSet) {
 	flags.String("network-policy-enforcing-mode", def.EnforcingMode, `The programs are on every pod's device; "standard": a pod that no policy selects is allowed; "strict": a pod is denied until its policy is in the kernel (as the AWS network policy agent's NETWORK_POLICY_ENFORCING_MODE)`)
 	flags.String("network-policy-attach", def.Attach, `How the policy programs are put on the pods' devices: "tcx" (kernel 6.6), "tc" (clsact), or "auto" (tcx where the kernel has it)`)
 	flags.Duration("network-policy-attach-check-interval", def.AttachCheckInterval, "Check the programs on the pods' devices against the kernel this often (a program detached by hand is put back by then)")
+	flags.Bool("policy-event-logs", def.PolicyEventLogs, "Log every packet the policy programs deny (\"Policy denied\", at info) and serve them on the agent API (GET /v1/policy/events, enimasq-dbg policy events), as the AWS network policy agent's enable-policy-event-logs")
 }
 
 // partSettings are the settings of the parts, from the flags.
@@ -109,6 +112,9 @@ func (c PolicyConfig) Validate() error { return c.validate(false) }
 // (api), --policy-endpoints-path is not needed.
 func (c PolicyConfig) validate(api bool) error {
 	if !c.EnableNetworkPolicy {
+		if c.PolicyEventLogs {
+			return errors.New("--policy-event-logs needs --enable-network-policy: no policy program runs to deny a packet")
+		}
 		return nil
 	}
 	switch {

@@ -34,3 +34,27 @@ func TestPolicySourceConflict(t *testing.T) {
 		t.Error("no path without the API: no error")
 	}
 }
+
+func TestPolicyEventLogsFlag(t *testing.T) {
+	if DefaultPolicyConfig.PolicyEventLogs {
+		t.Error("--policy-event-logs is on by default")
+	}
+	on := DefaultPolicyConfig
+	on.PolicyEventLogs = true
+	if err := on.validate(true); err == nil || !strings.Contains(err.Error(), "--policy-event-logs needs --enable-network-policy") {
+		t.Errorf("events without network policy: %v", err)
+	}
+	on.EnableNetworkPolicy = true
+	if err := on.validate(true); err != nil {
+		t.Errorf("events with network policy: %v", err)
+	}
+	s := newEnforceSettings(enforceParams{Policy: on})
+	if !s.Events {
+		t.Errorf("enforce.Settings.Events is off with --policy-event-logs")
+	}
+	if s := newEnforceSettings(enforceParams{Policy: on.withEvents(false)}); s.Events {
+		t.Errorf("enforce.Settings.Events is on without --policy-event-logs")
+	}
+}
+
+func (c PolicyConfig) withEvents(on bool) PolicyConfig { c.PolicyEventLogs = on; return c }

@@ -45,6 +45,7 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 		LinksDir:      filepath.Join(p.Node.BPFRoot, "enimasq", "links"),
 		CheckInterval: p.Policy.AttachCheckInterval,
 		ConntrackMax:  p.Policy.PolicyConntrackMax,
+		Events:        p.Policy.PolicyEventLogs,
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:
