@@ -11,12 +11,14 @@ import (
 // notInCiliumBuild are enimasq's flags that do nothing in this build:
 // Cilium's programs own the pods' devices, so enimasq attaches no policy
 // program (Documentation/cilium.md, "Network policy"), and how or in which
-// mode it would attach one means nothing here.
+// mode it would attach one, or what its programs would report, means
+// nothing here.
 var notInCiliumBuild = map[string]bool{
 	"network-policy-attach":                true,
 	"network-policy-attach-check-interval": true,
 	"network-policy-enforcing-mode":        true,
 	"policy-conntrack-max":                 true,
+	"policy-event-logs":                    true,
 }
 
 // enimasqFlags are the names of the flags enimasq's feature cells declare.
