@@ -61,10 +61,11 @@ type API struct {
 	mux      *http.ServeMux
 }
 
-func newAPI(db *statedb.DB, table statedb.RWTable[*Attachment], bindings statedb.RWTable[*Binding], pods SelectedPods, s Settings, v *Verdicts) *API {
+func newAPI(db *statedb.DB, table statedb.RWTable[*Attachment], bindings statedb.RWTable[*Binding], pods SelectedPods, s Settings, v *Verdicts, o *observers) *API {
 	a := &API{db: db, table: table, bindings: bindings, pods: pods, settings: s, mux: http.NewServeMux()}
 	a.mux.HandleFunc("GET /v1/policy/devices/{device}", a.device)
 	a.mux.Handle("POST "+VerdictPath, v)
+	a.mux.Handle("GET "+EventsPath, o.events)
 	return a
 }
 

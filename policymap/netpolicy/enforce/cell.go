@@ -20,6 +20,7 @@ var Cell = cell.Group(
 		statedb.RWTable[*Attachment].ToTable,
 		statedb.RWTable[*Binding].ToTable,
 		newAPI,
+		newObservers,
 	),
 	cell.Invoke(register),
 )
@@ -37,6 +38,7 @@ type params struct {
 	Jobs      job.Group
 	Lifecycle cell.Lifecycle
 	Reconcile reconciler.Params
+	Observers *observers
 }
 
 func register(p params) error {
@@ -64,6 +66,7 @@ func register(p params) error {
 	}
 	wtxn.Commit()
 	progs := &programs{settings: p.Settings, maps: p.Maps}
+	p.Observers.start(p.Jobs, progs)
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
 			if err := progs.start(); err != nil {

@@ -1,0 +1,107 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
+)
+
+// verdictsText is the exposition of enimasq_policy_verdicts_total with
+// the given counts (by bpf.VerdictCounterIndex), every series present.
+func verdictsText(counts map[uint32]uint64) string {
+	var b strings.Builder
+	b.WriteString("# HELP enimasq_policy_verdicts_total Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny) " +
+		"and the tier that decided (admin, namespace, baseline, default); packets of an allowed connection and drops before the policy are not counted\n")
+	b.WriteString("# TYPE enimasq_policy_verdicts_total counter\n")
+	for _, dir := range []string{"egress", "ingress"} {
+		for _, tier := range []bpf.PolicyStep{bpf.StepAdmin, bpf.StepBaseline, bpf.StepDefault, bpf.StepNamespace} {
+			for _, verdict := range []string{"allow", "deny"} {
+				i := bpf.VerdictCounterIndex(dir == "egress", verdict == "deny", tier)
+				fmt.Fprintf(&b, "enimasq_policy_verdicts_total{direction=%q,tier=%q,verdict=%q} %d\n", dir, tier, verdict, counts[i])
+			}
+		}
+	}
+	return b.String()
+}
+
+func TestVerdictCounters(t *testing.T) {
+	if outs := newVerdictCounters(Settings{Off: "network policy is disabled"}).collectors(); len(outs.Collectors) != 0 {
+		t.Errorf("enforcement off: %d collectors, want none", len(outs.Collectors))
+	}
+	c := newVerdictCounters(Settings{})
+	if outs := c.collectors(); len(outs.Collectors) != 1 {
+		t.Fatalf("enforcement on: %d collectors, want 1", len(outs.Collectors))
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	// Before the state maps are there: no series (not a reset to 0).
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("before the state: %d series, %v", n, err)
+	}
+	var counts [bpf.PolicyVerdictCounters]uint64
+	var readErr error
+	c.read = func() ([bpf.PolicyVerdictCounters]uint64, error) { return counts, readErr }
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(nil))); err != nil {
+		t.Errorf("every series at 0: %v", err)
+	}
+	want := map[uint32]uint64{
+		bpf.VerdictCounterIndex(true, false, bpf.StepNamespace): 12,
+		bpf.VerdictCounterIndex(true, true, bpf.StepAdmin):      3,
+		bpf.VerdictCounterIndex(false, true, bpf.StepDefault):   5,
+		bpf.VerdictCounterIndex(false, false, bpf.StepBaseline): 1 << 40,
+	}
+	for i, n := range want {
+		counts[i] = n
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(want))); err != nil {
+		t.Error(err)
+	}
+	readErr = errors.New("map closed")
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("unreadable: %d series, %v", n, err)
+	}
+}
+
+// TestPrivilegedVerdictCounters reads the programs' pinned per-CPU
+// counters: each decision of the program on the pinned state counts once.
+func TestPrivilegedVerdictCounters(t *testing.T) {
+	celltest.RequireRoot(t)
+	progs, s := privilegedPrograms(t, Settings{Mode: bpf.PolicyModeStandard})
+	c := newVerdictCounters(s)
+	c.readFrom(progs.stateMap)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(nil))); err != nil {
+		t.Errorf("a fresh map: %v", err)
+	}
+	prog, err := progs.get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, _ := bpf.PolicyTestFrame(netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), uint8(bpf.ProtocolUDP), 40000, 53)
+	for range 5 {
+		if res, err := prog.Run(bpf.Egress, frame); err != nil || !res.Allow || res.Step != bpf.StepDefault {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	back, _ := bpf.PolicyTestFrame(netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("10.0.0.5"), uint8(bpf.ProtocolTCP), 40000, 80)
+	if res, err := prog.Run(bpf.Ingress, back); err != nil || !res.Allow {
+		t.Fatalf("%+v %v", res, err)
+	}
+	want := map[uint32]uint64{
+		bpf.VerdictCounterIndex(true, false, bpf.StepDefault):  5,
+		bpf.VerdictCounterIndex(false, false, bpf.StepDefault): 1,
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(want))); err != nil {
+		t.Error(err)
+	}
+}
