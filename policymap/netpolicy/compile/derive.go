@@ -22,12 +22,16 @@ import (
 )
 
 const (
-	// chunkEntries is about how many entries the deriver writes in one
-	// transaction before it looks for newer changes: a PolicyEndpoint with
-	// many pods is written in chunks, and a change to another one, which
-	// goes first, waits for one chunk at most. A pod's entries are always
-	// written in one transaction.
-	chunkEntries = 8192
+	// chunkEntries is about how many entries the deriver compiles and
+	// rows it writes in one transaction before it looks for newer
+	// changes: a PolicyEndpoint with many pods, or a pod with many
+	// entries, is written in chunks, and a change to another one, which
+	// goes first, waits for one chunk at most. It is also the unit of the
+	// flow control (throttle.go): the reconciler writes about 120,000-
+	// 200,000 rows a second to the kernel on 2 cores, so a chunk is 10-17
+	// ms of its work and a new change waits for about two. A pod's rows
+	// are written in one transaction unless they are more than a chunk.
+	chunkEntries = 2048
 	// backgroundWeight is the compile work (rules and excepts of the
 	// isolated directions, see selection.weight) above which a selection
 	// is compiled off the derive loop, so that other changes go on while
@@ -48,7 +52,10 @@ const (
 // is not held behind a large one. A selection with more than
 // backgroundWeight rules is compiled in a goroutine; its pods wait, keeping
 // their old entries, while the loop goes on with the others, and are
-// written when it is done.
+// written when it is done. Nor is a small change held behind a large one
+// in the reconciler, which writes the rows in revision order: the deriver
+// keeps at most about two chunks of rows ahead of it (flowControl,
+// throttle.go), and a new change's first chunk is written at once.
 type policyDeriver struct {
 	log       *slog.Logger
 	db        *statedb.DB
@@ -68,6 +75,9 @@ type policyDeriver struct {
 	hosts map[string]*podHosts
 
 	queue podQueue
+	// flow holds started work back while the reconciler is more than a
+	// window behind.
+	flow flowControl
 	// templates are the compiled selections, by selection key, kept while
 	// there is work: pods of one selection share them.
 	templates map[string][]*policyTemplate
@@ -109,16 +119,24 @@ type backgroundResult struct {
 }
 
 // podQueue holds the pod IPs to recompile, as batches worked newest first;
-// a pod queued again is worked in its newest batch only.
+// a pod queued again is worked in its newest batch only. A pod whose rows
+// are more than a chunk keeps the rest of them in its batch (partial),
+// written before the batch's next pod.
 type podQueue struct {
 	batches []*podBatch
 	due     map[netip.Addr]uint64 // pod -> the batch it is due in
+	partial map[netip.Addr]*podBatch
 	seq     uint64
+	round   uint64 // the transactions worked so far
 }
 
 type podBatch struct {
-	seq  uint64
-	pods []netip.Addr
+	seq     uint64
+	pods    []netip.Addr
+	partial *podWrite
+	// worked is the round that first took work from the batch (0: none
+	// yet): the batch is fresh, a new change, during that round.
+	worked uint64
 }
 
 func (q *podQueue) push(pods []netip.Addr) {
@@ -131,30 +149,85 @@ func (q *podQueue) push(pods []netip.Addr) {
 	q.seq++
 	for _, p := range pods {
 		q.due[p] = q.seq
+		if b := q.partial[p]; b != nil { // recompiled anew: the rest is stale
+			b.partial = nil
+			delete(q.partial, p)
+		}
 	}
 	q.batches = append(q.batches, &podBatch{seq: q.seq, pods: pods})
 }
 
-func (q *podQueue) pop() (netip.Addr, bool) {
+// front drops the work done at the front of the queue and returns the
+// batch the next work comes from; nil when there is none.
+func (q *podQueue) front() *podBatch {
 	for len(q.batches) > 0 {
 		b := q.batches[len(q.batches)-1]
-		if len(b.pods) == 0 {
-			q.batches[len(q.batches)-1] = nil
-			q.batches = q.batches[:len(q.batches)-1]
-			continue
+		if b.partial != nil {
+			return b
 		}
-		pod := b.pods[0]
-		b.pods = b.pods[1:]
-		if q.due[pod] == b.seq {
-			delete(q.due, pod)
-			return pod, true
+		for len(b.pods) > 0 && q.due[b.pods[0]] != b.seq {
+			b.pods = b.pods[1:] // due in a newer batch
 		}
+		if len(b.pods) > 0 {
+			return b
+		}
+		q.batches[len(q.batches)-1] = nil
+		q.batches = q.batches[:len(q.batches)-1]
 	}
-	*q = podQueue{seq: q.seq} // a map does not shrink: drop it with the batches
-	return netip.Addr{}, false
+	*q = podQueue{seq: q.seq, round: q.round} // a map does not shrink: drop it with the batches
+	return nil
 }
 
-func (q *podQueue) empty() bool { return len(q.due) == 0 }
+// fresh reports whether b is a new change: no work taken from it before
+// this round.
+func (q *podQueue) fresh(b *podBatch) bool { return b.worked == 0 || b.worked == q.round }
+
+// hasWork reports whether there is work; with onlyFresh, work of a new
+// change.
+func (q *podQueue) hasWork(onlyFresh bool) bool {
+	b := q.front()
+	return b != nil && (!onlyFresh || q.fresh(b))
+}
+
+// pop returns the next work: a pod to recompile, or the rest of a pod's
+// rows (w), and its batch; with onlyFresh, only from a new change.
+func (q *podQueue) pop(onlyFresh bool) (pod netip.Addr, w *podWrite, b *podBatch, ok bool) {
+	b = q.front()
+	if b == nil || onlyFresh && !q.fresh(b) {
+		return netip.Addr{}, nil, nil, false
+	}
+	if b.worked == 0 {
+		b.worked = q.round
+	}
+	if w = q.resume(b); w != nil {
+		return w.pod, w, b, true
+	}
+	pod = b.pods[0]
+	b.pods = b.pods[1:]
+	delete(q.due, pod)
+	return pod, nil, b, true
+}
+
+// resume takes the rest of a pod's rows out of batch b; nil if none.
+func (q *podQueue) resume(b *podBatch) *podWrite {
+	w := b.partial
+	if w != nil {
+		b.partial = nil
+		delete(q.partial, w.pod)
+	}
+	return w
+}
+
+// suspend keeps the rest of a pod's rows in its batch, b, the front one.
+func (q *podQueue) suspend(b *podBatch, w *podWrite) {
+	if q.partial == nil {
+		q.partial = map[netip.Addr]*podBatch{}
+	}
+	b.partial = w
+	q.partial[w.pod] = b
+}
+
+func (q *podQueue) empty() bool { return len(q.due) == 0 && len(q.partial) == 0 }
 
 const (
 	// defaultReturnMemoryAfter is the number of entries written in one go
@@ -202,12 +275,21 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			d.queue.push(affected)
 		}
 
+		// Started work goes on only while the reconciler is within the
+		// window; a new change's is worked at once.
+		open, window := true, (<-chan struct{})(nil)
+		if !d.queue.empty() {
+			open, window = d.flow.open(d.db.ReadTxn(), d.entries)
+		}
+		canWork := d.queue.hasWork(!open)
 		var initWatch <-chan struct{}
-		if !d.queue.empty() || d.initDone != nil {
+		if canWork || d.initDone != nil && d.queue.empty() {
 			wtxn := d.db.WriteTxn(d.entries)
-			p, w := d.work(ctx, wtxn)
+			p, w, mark := d.work(ctx, wtxn, !open)
 			pods, written = pods+p, written+w
 			if d.initDone != nil && d.queue.empty() && len(d.compiling) == 0 {
+				// Every current object compiled and written (pruning
+				// compares the maps with the whole table).
 				if ok, ch := d.endpoints.Initialized(wtxn); ok {
 					d.initDone(wtxn)
 					d.initDone = nil
@@ -219,15 +301,31 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 				}
 			}
 			wtxn.Commit()
+			if mark.rows > 0 {
+				d.flow.add(mark)
+			}
 		}
 		if !d.queue.empty() {
-			// More to do: look for newer changes, then go on.
+			if canWork {
+				// More to do: look for newer changes, then go on.
+				select {
+				case <-ctx.Done():
+					return nil
+				default:
+					continue
+				}
+			}
+			// The window is full: wait for the reconciler, taking newer
+			// changes and finished compiles meanwhile.
 			select {
+			case <-watch:
+			case <-window:
+			case r := <-d.results:
+				d.finished(r)
 			case <-ctx.Done():
 				return nil
-			default:
-				continue
 			}
+			continue
 		}
 		clear(d.templates) // no work left: their pods are written
 		clear(d.hosts)
@@ -320,47 +418,99 @@ func (d *policyDeriver) finished(r backgroundResult) {
 }
 
 // work recompiles queued pods in wtxn until about chunkEntries entries are
-// written or none is left. It returns the pods and entries written.
-func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn) (pods, written int) {
+// compiled or rows written, or none is left; with onlyFresh, only the work
+// of new changes. It returns the pods and rows written, and the mark of
+// the transaction for the flow control (no rows: nothing to watch).
+func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFresh bool) (pods, written int, mark reconcileMark) {
 	// The rows before this transaction, read from a snapshot: wtxn holds
 	// the table's lock, so nothing else changes them, and this chunk
 	// writes each pod once.
 	before := d.db.ReadTxn()
+	chunk := d.flow.chunkRows()
+	d.queue.round++
 	entries := 0
-	for entries < chunkEntries {
-		pod, ok := d.queue.pop()
+	var last *PolicyMapEntry
+	for entries < chunk && written < chunk {
+		pod, w, b, ok := d.queue.pop(onlyFresh)
 		if !ok {
 			break
 		}
-		var desired []*PolicyMapEntry
-		if d.node.FamilyEnabled(pod) && !pod.Is4In6() {
-			pes := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
-			if sel, ok := selectionOf(pod, pes, d.hostsOf(pod)); ok {
-				key := sel.key()
-				ts, ok := d.templates[key]
-				if !ok {
-					if bc := d.compiling[key]; bc != nil {
-						bc.waiting[pod] = struct{}{}
-						continue
-					}
-					if sel.weight() > backgroundWeight {
-						d.compileInBackground(ctx, key, sel, pod)
-						continue
-					}
-					ts = compileSelection(sel)
-					d.templates[key] = ts
-				}
-				for _, t := range ts {
-					desired = t.stamp(desired, pod)
-				}
+		if w == nil {
+			desired, ok := d.desired(ctx, wtxn, pod)
+			if !ok {
+				continue // compiling in the background
 			}
+			entries += len(desired)
+			pods++
+			d.noteBad(pod, desired)
+			w = diffPod(before, d.entries, pod, desired)
 		}
-		written += syncEntries(wtxn, before, d.entries, pod, desired)
-		entries += len(desired)
-		pods++
-		d.noteBad(pod, desired)
+		limit := chunk - written
+		if w.rows() <= chunk {
+			limit = w.rows() // a pod's rows in one transaction, if they fit in a chunk
+		}
+		n, ins := w.write(wtxn, d.entries, limit)
+		written += n
+		if ins != nil {
+			last = ins
+		}
+		if w.rows() > 0 {
+			d.queue.suspend(b, w)
+			break
+		}
 	}
-	return pods, written
+	if written == 0 || d.flow.off {
+		return pods, written, mark
+	}
+	if last == nil {
+		// Only deletions: a row to watch is the pod's next insertion, if
+		// it is being written in parts, or a probe.
+		if b := d.queue.front(); b != nil && b.partial != nil && len(b.partial.stale) == 0 {
+			n, ins := b.partial.write(wtxn, d.entries, 1)
+			written, last = written+n, ins
+			if b.partial.rows() == 0 {
+				d.queue.resume(b) // written whole
+			}
+		} else if key, ok := d.probe(wtxn, before); ok {
+			return pods, written, reconcileMark{key: key, rows: written}
+		}
+	}
+	if last != nil {
+		mark = reconcileMark{key: last.Key(), rows: written}
+	}
+	return pods, written, mark
+}
+
+// desired compiles a pod's entries; false while its selection compiles in
+// the background (the pod waits for it).
+func (d *policyDeriver) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) ([]*PolicyMapEntry, bool) {
+	var desired []*PolicyMapEntry
+	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
+		return nil, true
+	}
+	pes := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
+	sel, ok := selectionOf(pod, pes, d.hostsOf(pod))
+	if !ok {
+		return nil, true
+	}
+	key := sel.key()
+	ts, ok := d.templates[key]
+	if !ok {
+		if bc := d.compiling[key]; bc != nil {
+			bc.waiting[pod] = struct{}{}
+			return nil, false
+		}
+		if sel.weight() > backgroundWeight {
+			d.compileInBackground(ctx, key, sel, pod)
+			return nil, false
+		}
+		ts = compileSelection(sel)
+		d.templates[key] = ts
+	}
+	for _, t := range ts {
+		desired = t.stamp(desired, pod)
+	}
+	return desired, true
 }
 
 // hostsOf returns the function that finds pod's entry in an object.
@@ -471,16 +621,6 @@ var entryRows = tablesync.Rows[*PolicyMapEntry, PolicyEntryKey]{
 	Query:  PolicyEntryIndex.Query,
 	Same:   (*PolicyMapEntry).sameDesired,
 	Insert: func(e *PolicyMapEntry) *PolicyMapEntry { return e.SetStatus(reconciler.StatusPending()) },
-}
-
-// syncEntries makes the pod IP's entries in table equal to desired,
-// writing only what differs; new and changed entries are pending. The
-// existing entries are read in before, a snapshot that wtxn has not
-// changed for this pod: iterating a table in a write transaction freezes
-// its tree, so that every later insert copies each node on its path (for
-// 50,000 pods, 170 MB of copied 256-way nodes).
-func syncEntries(wtxn statedb.WriteTxn, before statedb.ReadTxn, table statedb.RWTable[*PolicyMapEntry], pod netip.Addr, desired []*PolicyMapEntry) int {
-	return entryRows.SyncSubset(wtxn, table, table.Prefix(before, PodEntries(pod)), desired)
 }
 
 func sortedAddrs(set map[netip.Addr]struct{}) []netip.Addr {

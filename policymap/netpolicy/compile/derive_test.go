@@ -28,7 +28,9 @@ type deriverFixture struct {
 	stop      func()           // stops the deriver; also at the end of the test
 }
 
-// startDeriver starts a deriver; opts set its fields before it runs.
+// startDeriver starts a deriver; opts set its fields before it runs. No
+// reconciler is behind its table, so its flow control is off unless an
+// option turns it on (withReconciler).
 func startDeriver(t testing.TB, node nodeconfig.Config, opts ...func(*policyDeriver)) *deriverFixture {
 	t.Helper()
 	db := statedb.New()
@@ -44,7 +46,8 @@ func startDeriver(t testing.TB, node nodeconfig.Config, opts ...func(*policyDeri
 	initPEs := eps.RegisterInitializer(wtxn, "test-source")
 	initEntries := ents.RegisterInitializer(wtxn, "derive")
 	wtxn.Commit()
-	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries}
+	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries,
+		flow: flowControl{off: true}}
 	for _, o := range opts {
 		o(d)
 	}
