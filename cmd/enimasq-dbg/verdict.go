@@ -164,7 +164,7 @@ func policyCommand(o *options) *cobra.Command {
 	verdict.MarkFlagsMutuallyExclusive("stdin", "pod")
 	verdict.MarkFlagsMutuallyExclusive("stdin", "peer")
 	outputFlag(verdict, &format)
-	cmd.AddCommand(verdict)
+	cmd.AddCommand(verdict, policyEventsCommand(o))
 	return cmd
 }
 
