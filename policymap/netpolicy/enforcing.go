@@ -22,7 +22,7 @@ import (
 // enforceCells put the programs on the pods' devices (package enforce),
 // fed from policy-endpoints and the policy maps.
 var enforceCells = cell.Group(
-	cell.ProvidePrivate(newEnforceSettings, selectedPods, kernelPolicyMaps),
+	cell.ProvidePrivate(newEnforceSettings, selectedPods, kernelPolicyMaps, objectNames),
 	enforce.Cell,
 )
 
@@ -78,8 +78,9 @@ func selectedPods(table statedb.Table[*endpoints.PolicyEndpoint]) enforce.Select
 	}
 }
 
-// kernelPolicyMaps are the policy maps the reconciler writes, once open.
-func kernelPolicyMaps(ops *policymap.Maps[*compile.PolicyMapEntry]) enforce.PolicyMaps {
+// kernelPolicyMaps are the policy and cluster maps the reconcilers write,
+// with their chunk maps, once open.
+func kernelPolicyMaps(ops compile.KernelMaps) enforce.PolicyMaps {
 	return func(context.Context) (map[string]*ebpf.Map, error) {
 		maps, ok := bpf.KernelMaps(ops.Opened())
 		if !ok {

@@ -17,13 +17,14 @@ import (
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 	"github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
 
 // policyScriptCommands are the shell and script-test commands of the
 // network-policy maps: they read the kernel maps (not the tables), run the
 // verdict program on them, and inject faults.
-func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry]) hive.ScriptCmdsOut {
+func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all compile.KernelMaps, names enforce.ObjectNames) hive.ScriptCmdsOut {
 	podFlag := func(fs *pflag.FlagSet) { fs.String("pod", "", "Only the entries of this pod IP") }
 	podOf := func(s *script.State) (netip.Addr, error) {
 		v, err := s.Flags.GetString("pod")
@@ -37,11 +38,11 @@ func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry]) hive.Scr
 		if err != nil {
 			return "", err
 		}
-		return inspect.ListPolicyMaps(ops.Opened(), pod)
+		return inspect.ListPolicyMaps(all.Opened(), pod)
 	}
 	judge := func(queries [][]string) (string, error) {
 		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
-		if kernel, ok := bpf.KernelMaps(ops.Opened()); ok {
+		if kernel, ok := bpf.KernelMaps(all.Opened()); ok {
 			p, err := bpf.LoadPolicyProgram(kernel)
 			if err != nil {
 				return "", err
@@ -55,10 +56,11 @@ func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry]) hive.Scr
 			if err != nil {
 				return "", err
 			}
-			v, err := inspect.JudgePacket(prog, ops.Opened(), q)
+			v, err := inspect.JudgePacket(prog, all.Opened(), q)
 			if err != nil {
 				return "", err
 			}
+			v.Object = names(q.Direction, enforce.VerdictQuery{Pod: q.Pod, Peer: q.Peer, Protocol: q.Protocol, Port: q.Port}, v.Result)
 			fmt.Fprintln(&out, v)
 		}
 		return out.String(), nil

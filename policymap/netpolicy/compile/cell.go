@@ -3,6 +3,7 @@ package compile
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"runtime"
 	"runtime/debug"
 
@@ -22,23 +23,106 @@ import (
 // enimasq_ingress_v4/_v6. It takes Settings and the policy-endpoints table
 // (package endpoints), and provides policy-map-entries and the maps
 // (*policymap.Maps[*PolicyMapEntry]).
+//
+// It derives cluster-policy-map-entries from cluster-policy-endpoints the
+// same way, into the cluster maps enimasq_cluster_egress_v4/_v6 and
+// enimasq_cluster_ingress_v4/_v6 (cluster.go), and provides both sets of
+// maps as KernelMaps.
 var Cell = cell.Group(
 	cell.ProvidePrivate(
 		NewPolicyMapEntriesTable,
+		NewClusterMapEntriesTable,
 		newMaps,
+		newClusterMaps,
 		newPolicyState,
 		newPolicyMetrics,
 	),
 	cell.Provide(
 		statedb.RWTable[*PolicyMapEntry].ToTable,
+		statedb.RWTable[*ClusterMapEntry].ToTable,
 		policymap.TableMetrics[*PolicyMapEntry],
+		policymap.TableMetrics[*ClusterMapEntry],
 		(*policyMetrics).collectors,
+		newKernelMaps,
 	),
-	cell.Invoke(registerPolicyMaps),
+	cell.Invoke(registerPolicyMaps, registerClusterMaps),
 )
 
 func newMaps(p policymap.MapsParams) *policymap.Maps[*PolicyMapEntry] {
 	return policymap.NewMaps[*PolicyMapEntry](p, PolicyMapEntriesTableName)
+}
+
+func newClusterMaps(p policymap.MapsParams) *policymap.Maps[*ClusterMapEntry] {
+	return policymap.NewMaps[*ClusterMapEntry](p, ClusterMapEntriesTableName)
+}
+
+// KernelMaps are the NetworkPolicy and the cluster maps with their chunk
+// maps, as open: what the programs, the listings and the verdicts read.
+type KernelMaps struct {
+	Policy  *policymap.Maps[*PolicyMapEntry]
+	Cluster *policymap.Maps[*ClusterMapEntry]
+}
+
+func newKernelMaps(p *policymap.Maps[*PolicyMapEntry], c *policymap.Maps[*ClusterMapEntry]) KernelMaps {
+	return KernelMaps{Policy: p, Cluster: c}
+}
+
+// Opened is a copy of every open map of both, by name.
+func (k KernelMaps) Opened() map[string]bpf.PinnedMap {
+	out := k.Policy.Opened()
+	maps.Copy(out, k.Cluster.Opened())
+	return out
+}
+
+type clusterMapParams struct {
+	cell.In
+
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Node      nodeconfig.Config
+	Config    policymap.Config
+	Settings  Settings
+	DB        *statedb.DB
+	Jobs      job.Group
+	CPEs      statedb.Table[*endpoints.ClusterPolicyEndpoint]
+	Entries   statedb.RWTable[*ClusterMapEntry]
+	Reconcile reconciler.Params
+	Ops       *policymap.Maps[*ClusterMapEntry]
+}
+
+// registerClusterMaps derives cluster-policy-map-entries from
+// cluster-policy-endpoints and reconciles it into the cluster maps of the
+// node's families, as registerPolicyMaps does for PolicyEndpoints.
+func registerClusterMaps(p clusterMapParams) error {
+	if p.Settings.Off != "" {
+		return nil
+	}
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			for _, f := range policyMapFamilies(p.Node) {
+				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+					if err := p.Ops.Open(p.Log, bpf.ClusterMapSpec(d, f, p.Settings.MaxEntries), p.Node.GlobalsDir()); err != nil {
+						return err
+					}
+				}
+			}
+			return p.Ops.OpenSpill(p.Log, bpf.ChunkMapSpec(bpf.ClusterChunksMapName, p.Settings.MaxEntries), p.Node.GlobalsDir())
+		},
+		OnStop: func(cell.HookContext) error {
+			p.Ops.Close()
+			return nil
+		},
+	})
+	wtxn := p.DB.WriteTxn(p.Entries)
+	initDone := p.Entries.RegisterInitializer(wtxn, "derive-cluster-policy-map-entries")
+	wtxn.Commit()
+	d := &clusterDeriver{log: p.Log, db: p.DB, cpes: p.CPEs, entries: p.Entries, node: p.Node, initDone: initDone}
+	p.Jobs.Add(job.OneShot("derive-cluster-policy-map-entries", d.run))
+	p.Jobs.Add(job.Timer("check-cluster-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
+		p.Config.BPFMapRefreshInterval))
+	_, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "cluster-policy-map", p.Entries,
+		(*ClusterMapEntry).Clone, (*ClusterMapEntry).SetStatus, (*ClusterMapEntry).GetStatus, p.Ops.Ops(), p.Ops.Ops())
+	return err
 }
 
 type policyMapParams struct {

@@ -1,0 +1,328 @@
+package compile
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/prefixorder"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+// The compilation of ClusterPolicyEndpoints into the cluster maps
+// (enimasq_cluster_egress_v4, ...): per pod and direction, one key per
+// boundary prefix (the root, every rule's cidr, the node IP), whose value
+// holds, for every interval of the port space, the Admin tier's winner and
+// the Baseline tier's, so that the program decides a tier with one search.
+//
+// A tier's winner for a peer and port is the rule of the lowest priority
+// number among the rules whose cidr holds the peer and whose ports hold the
+// port; at one priority Deny over Accept over Pass (the AWS agent v1.5.0,
+// pkg/ebpf/c/tc.v4egress.bpf.c evaluateClusterPolicyByLookUp: priority*10 +
+// action, Deny 0, Accept 1, Pass 2, the lowest wins). A Pass wins like the
+// others and decides nothing: the packet goes to the next step. As in
+// v1.5.0 (fw_rule_processor.go ComputeClusterPolicyMapEntriesFromEndpointRules),
+// the node's own IP is accepted at the top of the Admin tier: kubelet probes
+// are never blocked. A stand-in (a ClusterPolicyEndpoint that cannot be
+// read and has no last good version) denies everything else, in both
+// directions, above every priority: never more open than before.
+
+// Sort keys above every priority of the API (0..1000).
+const (
+	nodePriority    = -2
+	standInPriority = -1
+)
+
+// clusterRule is one rule of a tier, ready to paint.
+type clusterRule struct {
+	tier     endpoints.Tier
+	priority int
+	action   bpf.Action // ActionNone for Pass
+	rank     int        // Deny 0, Accept 1, Pass 2
+	cidr     netip.Prefix
+	ports    []bpf.Interval // Lo, Hi only
+	object   uint32
+	name     string
+	order    int // position, for a deterministic order
+}
+
+// everyPort is the whole port space.
+var everyPort = []bpf.Interval{{Lo: 0, Hi: bpf.PortSpaceEnd}}
+
+// portIntervals are the intervals of a rule's ports (none: every port).
+func portIntervals(ports []endpoints.Port) []bpf.Interval {
+	if len(ports) == 0 {
+		return everyPort
+	}
+	entries := make([]bpf.PortEntry, len(ports))
+	for i, p := range ports {
+		entries[i] = bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
+	}
+	return bpf.AllowIntervals(entries, 0)
+}
+
+func actionOf(a endpoints.Action) (bpf.Action, int) {
+	switch a {
+	case endpoints.ActionDeny:
+		return bpf.ActionDeny, 0
+	case endpoints.ActionAccept:
+		return bpf.ActionAccept, 1
+	}
+	return bpf.ActionNone, 2 // Pass
+}
+
+// clusterObjectKind names ClusterPolicyEndpoints in object ids.
+const clusterObjectKind = "ClusterPolicyEndpoint"
+
+// ClusterObjectID is the id of a ClusterPolicyEndpoint in the cluster maps'
+// outcomes, the program's verdicts and its events.
+func ClusterObjectID(name string) uint32 { return bpf.ObjectID(clusterObjectKind, name) }
+
+// clusterSelection is what decides a pod IP's cluster entries: its family,
+// the objects that select it (sorted by name) and the node IPs they give.
+type clusterSelection struct {
+	family bpf.Family
+	cpes   []*endpoints.ClusterPolicyEndpoint
+	hosts  []netip.Addr
+}
+
+func (s clusterSelection) key() string {
+	var b strings.Builder
+	b.WriteByte(byte(s.family))
+	for _, c := range s.cpes {
+		fmt.Fprintf(&b, "%p", c)
+	}
+	for _, h := range s.hosts {
+		b.WriteByte('/')
+		b.Write(h.AsSlice())
+	}
+	return b.String()
+}
+
+// clusterSelectionOf returns the selection of a pod IP among cpes; false
+// if none selects it.
+func clusterSelectionOf(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
+	sel := clusterSelection{family: bpf.FamilyOf(pod)}
+	for _, c := range cpes {
+		e, ok := c.PodEntry(pod)
+		if !ok {
+			continue
+		}
+		sel.cpes = append(sel.cpes, c)
+		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
+			sel.hosts = append(sel.hosts, h)
+		}
+	}
+	if len(sel.cpes) == 0 {
+		return sel, false
+	}
+	slices.SortFunc(sel.cpes, func(a, b *endpoints.ClusterPolicyEndpoint) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(sel.hosts, netip.Addr.Compare)
+	return sel, true
+}
+
+// rulesOf returns the rules of the selection in a direction, of its
+// family, with the node IPs and stand-ins first.
+func (s clusterSelection) rulesOf(d bpf.Direction) []clusterRule {
+	root := netip.PrefixFrom(rootAddr(s.family), 0)
+	var rules []clusterRule
+	for _, h := range s.hosts {
+		rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: nodePriority, action: bpf.ActionAccept, rank: 1,
+			cidr: netip.PrefixFrom(h, h.BitLen()), ports: everyPort, name: "node IP " + h.String()})
+	}
+	for _, c := range s.cpes {
+		id := ClusterObjectID(c.Name)
+		if c.StandIn {
+			rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: standInPriority, action: bpf.ActionDeny,
+				cidr: root, ports: everyPort, object: id, name: c.Name})
+			continue
+		}
+		for _, r := range c.Rules(d) {
+			if !r.CIDR.IsValid() || bpf.FamilyOf(r.CIDR.Addr()) != s.family {
+				continue // of the other family: inert for this pod
+			}
+			a, rank := actionOf(r.Action)
+			rules = append(rules, clusterRule{tier: c.Tier, priority: int(c.Priority), action: a, rank: rank,
+				cidr: r.CIDR.Masked(), ports: portIntervals(r.Ports), object: id, name: c.Name})
+		}
+	}
+	for i := range rules {
+		rules[i].order = i
+	}
+	slices.SortStableFunc(rules, func(a, b clusterRule) int {
+		return cmp.Or(cmp.Compare(a.priority, b.priority), cmp.Compare(a.rank, b.rank))
+	})
+	return rules
+}
+
+func rootAddr(f bpf.Family) netip.Addr {
+	if f == bpf.IPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// compileClusterSelection returns the templates of a selection's cluster
+// entries, egress first.
+func compileClusterSelection(sel clusterSelection) []*policyTemplate {
+	out := make([]*policyTemplate, 0, 2)
+	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+		out = append(out, compileClusterDirection(sel, d))
+	}
+	return out
+}
+
+func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTemplate {
+	t := &policyTemplate{mapName: bpf.ClusterMapName(d, sel.family)}
+	rules := sel.rulesOf(d)
+	root := netip.PrefixFrom(rootAddr(sel.family), 0)
+	bounds := []netip.Prefix{root}
+	for _, r := range rules {
+		bounds = append(bounds, r.cidr)
+	}
+	slices.SortFunc(bounds, prefixorder.Compare)
+	bounds = slices.Compact(bounds)
+	values := map[string]*portValue{}
+	var covering []*clusterRule
+	for _, b := range bounds {
+		covering = covering[:0]
+		for i := range rules {
+			if r := &rules[i]; r.cidr.Bits() <= b.Bits() && r.cidr.Contains(b.Addr()) {
+				covering = append(covering, r)
+			}
+		}
+		v := paintTiers(covering)
+		text := clusterValueText(v, covering)
+		pv, ok := values[text]
+		if !ok {
+			pv = newPortValue(v)
+			pv.text = text
+			values[text] = pv
+		}
+		t.add(templateEntry{peer: b, value: pv})
+	}
+	t.done()
+	return t
+}
+
+// paintTiers computes, for every interval of the port space, each tier's
+// winner among rules (sorted: the first that holds a point wins it).
+func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
+	var coords []uint32
+	for _, r := range rules {
+		for _, iv := range r.ports {
+			coords = append(coords, iv.Lo, iv.Hi+1)
+		}
+	}
+	slices.Sort(coords)
+	coords = slices.Compact(coords)
+	if len(coords) < 2 {
+		return &bpf.PolicyValue{}
+	}
+	n := len(coords) - 1 // segment i: coords[i] .. coords[i+1]-1
+	first := make([]bpf.Outcome, n)
+	second := make([]bpf.Outcome, n)
+	for _, tier := range []endpoints.Tier{endpoints.TierAdmin, endpoints.TierBaseline} {
+		out := first
+		if tier == endpoints.TierBaseline {
+			out = second
+		}
+		// next[i] is the first unpainted segment at or after i (path
+		// halving): each segment is painted once, by its winner.
+		next := make([]int, n+1)
+		for i := range next {
+			next[i] = i
+		}
+		find := func(i int) int {
+			for next[i] != i {
+				next[i] = next[next[i]]
+				i = next[i]
+			}
+			return i
+		}
+		for _, r := range rules {
+			if r.tier != tier {
+				continue
+			}
+			o := bpf.NewOutcome(r.action, r.object)
+			for _, iv := range r.ports {
+				i, _ := slices.BinarySearch(coords, iv.Lo)
+				for i = find(i); i < n && coords[i] <= iv.Hi; i = find(i) {
+					out[i] = o
+					next[i] = i + 1
+				}
+			}
+		}
+	}
+	v := &bpf.PolicyValue{}
+	for i := range n {
+		if first[i].Action() == bpf.ActionNone && second[i].Action() == bpf.ActionNone {
+			continue // nothing decides here (no rule, or a Pass)
+		}
+		lo, hi := coords[i], coords[i+1]-1
+		if k := len(v.Intervals); k > 0 {
+			last := &v.Intervals[k-1]
+			if last.Hi+1 == lo && last.First == first[i] && last.Second == second[i] {
+				last.Hi = hi
+				continue
+			}
+		}
+		v.Intervals = append(v.Intervals, bpf.Interval{Lo: lo, Hi: hi, First: first[i], Second: second[i]})
+	}
+	return v
+}
+
+// clusterValueText is a value as the table shows it: each interval's ports
+// and the Admin and Baseline winners ("tcp/80 admin deny a, baseline
+// accept b"), "-" for none.
+func clusterValueText(v *bpf.PolicyValue, rules []*clusterRule) string {
+	if len(v.Intervals) == 0 {
+		return "-"
+	}
+	names := map[uint32]string{}
+	for _, r := range rules {
+		names[r.object] = r.name
+	}
+	outcome := func(tier string, o bpf.Outcome) string {
+		if o.Action() == bpf.ActionNone {
+			return ""
+		}
+		return fmt.Sprintf("%s %s %s", tier, o.Action(), names[o.Object()])
+	}
+	var parts []string
+	for i, iv := range v.Intervals {
+		if i == shownClusterIntervals {
+			parts = append(parts, fmt.Sprintf("and %d more", len(v.Intervals)-i))
+			break
+		}
+		var steps []string
+		for _, s := range []string{outcome("admin", iv.First), outcome("baseline", iv.Second)} {
+			if s != "" {
+				steps = append(steps, s)
+			}
+		}
+		parts = append(parts, bpf.IntervalText(iv)+" "+strings.Join(steps, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// shownClusterIntervals is how many intervals a row's text names.
+const shownClusterIntervals = 8
+
+// CompileClusterPod returns the cluster entries of a pod IP for every
+// direction, from the ClusterPolicyEndpoints that select it (objects that
+// do not list the pod IP are ignored). Pure and deterministic.
+func CompileClusterPod(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) []*ClusterMapEntry {
+	sel, ok := clusterSelectionOf(pod, cpes)
+	if !ok {
+		return nil
+	}
+	var out []*ClusterMapEntry
+	for _, t := range compileClusterSelection(sel) {
+		out = t.stampCluster(out, pod)
+	}
+	return out
+}

@@ -1,0 +1,76 @@
+package netpolicy
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
+)
+
+// objectNames names the object that decided a verdict, from the tables:
+// the program knows a ClusterPolicyEndpoint by its id (compile.ClusterObjectID);
+// a NetworkPolicy decision is the union of PolicyEndpoints, so an allow
+// names those whose rules allow the packet and a denial those that isolate
+// the pod in the direction.
+func objectNames(db *statedb.DB, pes statedb.Table[*endpoints.PolicyEndpoint], cpes statedb.Table[*endpoints.ClusterPolicyEndpoint]) enforce.ObjectNames {
+	return func(d bpf.Direction, q enforce.VerdictQuery, res bpf.PolicyResult) string {
+		txn := db.ReadTxn()
+		switch res.Step {
+		case bpf.StepAdmin, bpf.StepBaseline:
+			if res.Object == 0 {
+				if res.Allow {
+					return "node IP"
+				}
+				return ""
+			}
+			for c := range cpes.All(txn) {
+				if compile.ClusterObjectID(c.Name) == res.Object {
+					return "ClusterPolicyEndpoint/" + c.Name
+				}
+			}
+		case bpf.StepNamespace:
+			pod, peer := q.Pod.Unmap(), q.Peer.Unmap()
+			var names []string
+			for pe := range pes.List(txn, endpoints.PolicyEndpointPodIndex.Query(pod)) {
+				if !pe.Isolates(d) {
+					continue
+				}
+				if res.Allow {
+					if e, ok := pe.PodEntry(pod); ok && e.HostIP == peer {
+						return "node IP"
+					}
+					if !slices.ContainsFunc(pe.Rules(d), func(r endpoints.Rule) bool { return ruleAllows(r, peer, q.Protocol, q.Port) }) {
+						continue
+					}
+				}
+				names = append(names, "PolicyEndpoint/"+pe.Key())
+			}
+			slices.Sort(names)
+			return strings.Join(names, ",")
+		}
+		return ""
+	}
+}
+
+// ruleAllows says whether a PolicyEndpoint rule allows a peer and port.
+func ruleAllows(r endpoints.Rule, peer netip.Addr, proto uint32, port uint16) bool {
+	if !r.CIDR.Contains(peer) || slices.ContainsFunc(r.Except, func(e netip.Prefix) bool { return e.Contains(peer) }) {
+		return false
+	}
+	if len(r.Ports) == 0 {
+		return true
+	}
+	for _, p := range r.Ports {
+		e := bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
+		if e.Allows(proto, port, bpf.PortKnown(proto)) {
+			return true
+		}
+	}
+	return false
+}
