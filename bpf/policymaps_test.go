@@ -170,3 +170,23 @@ func TestPolicyMapNames(t *testing.T) {
 		t.Error(PolicyMapName(Ingress, IPv6))
 	}
 }
+
+func TestIntervalText(t *testing.T) {
+	tcp := ProtocolTCP << 16
+	for _, tc := range []struct {
+		iv   Interval
+		want string
+	}{
+		{Interval{Lo: 0, Hi: PortSpaceEnd}, "any"},
+		{Interval{Lo: tcp | 80, Hi: tcp | 80}, "tcp/80"},
+		{Interval{Lo: tcp | 80, Hi: tcp | 90}, "tcp/80-90"},
+		{Interval{Lo: tcp, Hi: tcp | 0xffff}, "tcp/*"},
+		{Interval{Lo: 0, Hi: tcp | 8079}, "0-5/*,tcp/0-8079"},
+		{Interval{Lo: tcp | 8081, Hi: PortSpaceEnd}, "tcp/8081-65535,7-255/*"},
+		{Interval{Lo: ProtocolUDP << 16, Hi: ProtocolUDP<<16 | 0xffff + 1<<16}, "17-18/*"},
+	} {
+		if got := IntervalText(tc.iv); got != tc.want {
+			t.Errorf("%#x-%#x: %q, want %q", tc.iv.Lo, tc.iv.Hi, got, tc.want)
+		}
+	}
+}

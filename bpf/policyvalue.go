@@ -312,31 +312,59 @@ func UnmarshalPolicyValue(b []byte, lookup func(key []byte) ([]byte, error)) (Po
 }
 
 // IntervalText is an interval as ports: "tcp/80", "udp/53-55", "sctp/*",
-// "any", or per protocol for an interval over several ("tcp/1000-*,udp/*").
+// "any", or per protocol for an interval over several, whole protocols
+// in between as a range of numbers ("tcp/1000-65535,7-16/*,udp/*").
 func IntervalText(iv Interval) string {
 	if iv.Lo == 0 && iv.Hi == PortSpaceEnd {
 		return "any"
 	}
 	var parts []string
-	for p := iv.Lo >> 16; p <= iv.Hi>>16; p++ {
-		lo, hi := uint32(0), uint32(0xffff)
-		if p == iv.Lo>>16 {
-			lo = iv.Lo & 0xffff
-		}
-		if p == iv.Hi>>16 {
-			hi = iv.Hi & 0xffff
-		}
-		name := ProtocolName(p)
+	whole := func(from, to uint32) {
 		switch {
-		case lo == 0 && hi == 0xffff:
-			parts = append(parts, name+"/*")
-		case lo == hi:
-			parts = append(parts, name+"/"+strconv.Itoa(int(lo)))
+		case from > to:
+		case from == to:
+			parts = append(parts, ProtocolName(from)+"/*")
 		default:
-			parts = append(parts, fmt.Sprintf("%s/%d-%d", name, lo, hi))
+			parts = append(parts, fmt.Sprintf("%d-%d/*", from, to))
 		}
 	}
+	lo, hi := iv.Lo>>16, iv.Hi>>16
+	first, last := lo, hi // the whole protocols are first..last
+	if iv.Lo&0xffff != 0 || (lo == hi && iv.Hi&0xffff != 0xffff) {
+		end := uint32(0xffff)
+		if lo == hi {
+			end = iv.Hi & 0xffff
+		}
+		parts = append(parts, portRangeText(lo, iv.Lo&0xffff, end))
+		first = lo + 1
+	}
+	if lo == hi {
+		if len(parts) == 0 {
+			whole(lo, lo)
+		}
+		return strings.Join(parts, ",")
+	}
+	partialLast := iv.Hi&0xffff != 0xffff
+	if partialLast {
+		last = hi - 1
+	}
+	whole(first, last)
+	if partialLast {
+		parts = append(parts, portRangeText(hi, 0, iv.Hi&0xffff))
+	}
 	return strings.Join(parts, ",")
+}
+
+func portRangeText(proto, lo, hi uint32) string {
+	name := ProtocolName(proto)
+	switch {
+	case lo == 0 && hi == 0xffff:
+		return name + "/*"
+	case lo == hi:
+		return name + "/" + strconv.Itoa(int(lo))
+	default:
+		return fmt.Sprintf("%s/%d-%d", name, lo, hi)
+	}
 }
 
 // AllowValue is the NetworkPolicy value of an isolated pod that allows
