@@ -30,9 +30,8 @@ import (
 // B and none of whose excepts contains B, sorted and merged (allow-all at
 // the node IP). Prefixes either nest or are disjoint, so for any peer the
 // longest boundary B that contains it is exactly as deep as needed: a rule
-// covers the peer iff it covers B. A union of more than
-// bpf.PolicyMaxPortEntries entries is an error on the entry, whose value
-// then denies (fails closed).
+// covers the peer iff it covers B. A union of any size is encoded: its
+// intervals past a map value's are in chunks (bpf.PolicyValue).
 //
 // The entries of a pod are its selection's [policyTemplate]s stamped with
 // its IP (compileSelection, stamp): pods with the same selecting objects and

@@ -179,7 +179,7 @@ func genRule(rng *rand.Rand, v6 bool) rawRule {
 		r.Except = append(r.Except, genExcept(rng, cidr).String())
 	}
 	// At most two port specs per rule and four rules per object and
-	// direction, three objects: the union stays within 24 entries.
+	// direction, three objects.
 	if rng.IntN(4) != 0 {
 		for range 1 + rng.IntN(2) {
 			var p rawPort
