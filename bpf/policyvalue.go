@@ -400,7 +400,9 @@ func (v *PolicyValue) String() string {
 // space (c/policy.c, evaluate), in Go: cp is the pod's longest matching
 // cluster value, np its NetworkPolicy value (nil: no key), strict the
 // enforcing mode. It decides as the program does but for connection
-// tracking, which it leaves out.
+// tracking, which it leaves out. Strict mode denies at the default step
+// only a pod without a NetworkPolicy key (one a NetworkPolicy selects
+// without isolating the direction is allowed).
 func EvaluatePolicy(cp, np *PolicyValue, k uint32, strict bool) PolicyResult {
 	var base Outcome
 	baseIdx := -1
@@ -428,7 +430,7 @@ func EvaluatePolicy(cp, np *PolicyValue, k uint32, strict bool) PolicyResult {
 	case ActionDeny:
 		return PolicyResult{Reason: PolicyBaselineDeny, Step: StepBaseline, Object: base.Object(), Interval: baseIdx}
 	}
-	if strict {
+	if strict && np == nil {
 		return PolicyResult{Reason: PolicyStrict, Step: StepDefault, Interval: -1}
 	}
 	return PolicyResult{Allow: true, Reason: PolicyNoPolicy, Step: StepDefault, Interval: -1}

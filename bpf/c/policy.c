@@ -746,7 +746,10 @@ static __always_inline void evaluate(const struct policy_value *cp, const struct
 		return decided(d, REASON_BASELINE_ACCEPT, STEP_BASELINE, base, base_idx, 0);
 	if (OUTCOME_ACTION(base) == ACTION_DENY)
 		return decided(d, REASON_BASELINE_DENY, STEP_BASELINE, base, base_idx, 1);
-	if (mode() & MODE_STRICT)
+	/* Strict mode denies a pod no NetworkPolicy selects; one that selects
+	 * it without isolating the direction allows it, as the AWS agent's
+	 * DEFAULT_ALLOW pod state. */
+	if ((mode() & MODE_STRICT) && !present(np))
 		return decided(d, REASON_STRICT, STEP_DEFAULT, 0, NO_INTERVAL, 1);
 	return decided(d, REASON_NO_POLICY, STEP_DEFAULT, 0, NO_INTERVAL, 0);
 }
