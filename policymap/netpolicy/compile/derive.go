@@ -182,11 +182,11 @@ func (q *podQueue) front() *podBatch {
 // this round.
 func (q *podQueue) fresh(b *podBatch) bool { return b.worked == 0 || b.worked == q.round }
 
-// hasWork reports whether there is work; with onlyFresh, work of a new
-// change.
+// hasWork reports whether there is work for the next round; with
+// onlyFresh, work of a new change.
 func (q *podQueue) hasWork(onlyFresh bool) bool {
 	b := q.front()
-	return b != nil && (!onlyFresh || q.fresh(b))
+	return b != nil && (!onlyFresh || b.worked == 0)
 }
 
 // pop returns the next work: a pod to recompile, or the rest of a pod's
@@ -262,6 +262,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 	var (
 		pods, written int
 		start         time.Time
+		held          time.Duration // since start, waiting for the reconciler
 		lastCompiling string
 		settle        <-chan time.Time // armed after a large change
 	)
@@ -270,7 +271,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		affected, watch := d.nextChanges(changes)
 		if len(affected) > 0 {
 			if d.queue.empty() && len(d.compiling) == 0 {
-				start, pods, written = time.Now(), 0, 0
+				start, held, pods, written = time.Now(), 0, 0, 0
 			}
 			d.queue.push(affected)
 		}
@@ -317,6 +318,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			}
 			// The window is full: wait for the reconciler, taking newer
 			// changes and finished compiles meanwhile.
+			since := time.Now()
 			select {
 			case <-watch:
 			case <-window:
@@ -325,13 +327,14 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			case <-ctx.Done():
 				return nil
 			}
+			held += time.Since(since)
 			continue
 		}
 		clear(d.templates) // no work left: their pods are written
 		clear(d.hosts)
 		if c := d.compilingText(); pods > 0 || c != lastCompiling {
 			if pods > 0 && len(d.compiling) == 0 {
-				d.metrics.compiled(time.Since(start))
+				d.metrics.compiled(time.Since(start) - held) // compiling and writing: not the reconciler's pace
 			}
 			d.log.Debug("Compiled policy map entries", "pods", pods, "entries-written", written)
 			if d.returnMemory != nil && written >= d.returnMemoryAfter && len(d.compiling) == 0 {
