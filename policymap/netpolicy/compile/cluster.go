@@ -195,12 +195,14 @@ func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTempl
 			}
 		}
 		v := paintTiers(covering)
-		text := clusterValueText(v, covering)
-		pv, ok := values[text]
-		if !ok {
-			pv = newPortValue(v)
-			pv.text = text
-			values[text] = pv
+		pv := newPortValue(v)
+		// Interned by the bytes (the value's list id covers the
+		// intervals past the inline ones), not by the text, which is cut.
+		if seen, ok := values[string(pv.bytes)]; ok {
+			pv = seen
+		} else {
+			pv.text = clusterValueText(v, covering)
+			values[string(pv.bytes)] = pv
 		}
 		t.add(templateEntry{peer: b, value: pv})
 	}
