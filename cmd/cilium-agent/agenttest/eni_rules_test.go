@@ -42,7 +42,8 @@ func TestPrivilegedCiliumAgent(t *testing.T) {
 	// degraded, and its tables in statedb.
 	checkHealth(t, a)
 	dump := a.dbg("statedb")
-	for _, table := range []string{"ip-masq-agent-cidrs", "masq-map-entries", "eni-rules", "ipam-allocations", "enis"} {
+	for _, table := range []string{"ip-masq-agent-cidrs", "masq-map-entries", "eni-rules", "ipam-allocations", "enis",
+		"policy-endpoints", "cluster-policy-endpoints", "policy-map-entries", "cluster-policy-map-entries"} {
 		if !strings.Contains(dump, table) {
 			t.Errorf("cilium-dbg statedb has no table %s", table)
 		}
