@@ -70,9 +70,49 @@ const (
 	rulesHostIP = "10.130.0.10"
 )
 
-// BenchmarkProcessPolicy50kRules writes the PolicyEndpoints as files.
+// clusterRulesPolicyEndpoints are the ClusterPolicyEndpoints of the
+// benchmark: objects of perObject rules each, for pod's egress, the Admin
+// tier at priorities 1..objects, Deny and Accept in turn, each rule to
+// its own /32 peer (172.16.o.r) on its own TCP port.
+func clusterRulesPolicyEndpoints(objects, perObject int, pod string) string {
+	var b strings.Builder
+	for o := range objects {
+		action := "Deny"
+		if o%2 == 1 {
+			action = "Accept"
+		}
+		fmt.Fprintf(&b, `---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterPolicyEndpoint
+metadata:
+  name: cluster-rules-%d
+spec:
+  policyRef:
+    name: cluster-rules-%d
+  tier: Admin
+  priority: %d
+  podSelectorEndpoints:
+  - hostIP: `+rulesHostIP+`
+    podIP: %s
+    name: pod
+    namespace: bench
+  egress:
+`, o, o, o+1, pod)
+		for r := range perObject {
+			fmt.Fprintf(&b, "  - cidr: 172.16.%d.%d/32\n    action: %s\n    ports:\n    - protocol: TCP\n      port: %d\n", o, r, action, 2000+r)
+		}
+	}
+	return b.String()
+}
+
+// The ClusterPolicyEndpoints written with the files' burst: 1,000 rules.
+const clusterObjects, clusterRulesPerObject = 10, 100
+
+// BenchmarkProcessPolicy50kRules writes the PolicyEndpoints as files, and
+// 1,000 ClusterPolicyEndpoint rules with them (cluster-ms: every one in the
+// cluster map; all-ms: both, from the first write).
 func BenchmarkProcessPolicy50kRules(b *testing.B) {
-	benchPolicyRules(b, func(b *testing.B, a *Agent) func(name, content string) {
+	benchPolicyRules(b, clusterObjects*clusterRulesPerObject, func(b *testing.B, a *Agent) func(name, content string) {
 		dir := filepath.Join(a.Dir, "policyendpoints")
 		WriteFileAtomic(b, filepath.Join(dir, ".keep"), "")
 		a.Args = append(a.Args, "--policy-endpoints-path", dir)
@@ -88,7 +128,7 @@ func BenchmarkProcessPolicy50kRulesFromAPIServer(b *testing.B) {
 	c.ApplyFile(b, filepath.Join("testdata", "samples", "ciliumnode.yaml"))
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "bench"}}}
 	c.MustApply(b, ns)
-	benchPolicyRules(b, func(b *testing.B, a *Agent) func(name, content string) {
+	benchPolicyRules(b, 0, func(b *testing.B, a *Agent) func(name, content string) {
 		a.HostNetwork = true // the API server listens on this netns's loopback
 		a.Args = append(a.Args, "--k8s-kubeconfig-path", c.Kubeconfig, "--k8s-node-name", "ip-10-130-0-10.ec2.internal")
 		return func(name, content string) {
@@ -105,9 +145,10 @@ func BenchmarkProcessPolicy50kRulesFromAPIServer(b *testing.B) {
 	})
 }
 
-// benchPolicyRules runs the benchmark; source sets the agent up and returns
-// how a PolicyEndpoint is written.
-func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, content string)) {
+// benchPolicyRules runs the benchmark, with clusterRules
+// ClusterPolicyEndpoint rules written with the burst (0: none); source
+// sets the agent up and returns how an object is written.
+func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *Agent) func(name, content string)) {
 	contents := make([]string, rulesFiles)
 	size := 0
 	for f := range rulesFiles {
@@ -130,7 +171,12 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 			burst = append(burst, rule{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(f), byte(r >> 8), byte(r)}), 32), uint16(1000 + r%60000)})
 		}
 	}
-	var load, written, oneLatency, oneSource, burstLoad float64
+	cluster := ""
+	if clusterRules > 0 {
+		cluster = clusterRulesPolicyEndpoints(clusterObjects, clusterRulesPerObject, rulesPod)
+		size += len(cluster)
+	}
+	var load, written, oneLatency, oneSource, burstLoad, clusterLoad, allLoad float64
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 	for i := range b.N {
 		a := NewAgent(b)
@@ -138,12 +184,30 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 		write := source(b, a)
 		a.Start()
 		a.WaitHealthy()
-		var m *ebpf.Map
-		a.WaitFor("the egress map pinned", func() bool {
+		var m, cm *ebpf.Map
+		a.WaitFor("the egress maps pinned", func() bool {
 			var err error
 			m, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			if err != nil {
+				return false
+			}
+			cm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.ClusterEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			if err != nil {
+				m.Close()
+			}
 			return err == nil
 		})
+		// A cluster rule is in once the pod's key of its peer has an
+		// interval for its port (the root's value has none).
+		clusterHolds := func(o, r int) bool {
+			key, _ := bpf.EncodePolicyKey(netip.MustParseAddr(rulesPod), netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(o), byte(r)}), 32))
+			val := make([]byte, bpf.PolicyValueSize)
+			if cm.Lookup(key, val) != nil {
+				return false
+			}
+			v, err := bpf.UnmarshalPolicyValue(val, nil)
+			return err == nil && v.Search(bpf.PortPoint(bpf.ProtocolTCP, uint16(2000+r), true)) >= 0
+		}
 		allows := func(pod string, peer netip.Prefix, port uint16) bool {
 			key, _ := bpf.EncodePolicyKey(netip.MustParseAddr(pod), peer)
 			val := make([]byte, bpf.PolicyValueSize)
@@ -160,6 +224,11 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 				write(fmt.Sprintf("rules-%d-%d", i, f), strings.ReplaceAll(contents[f], "name: rules-", fmt.Sprintf("name: rules-%d-", i)))
 			})
 		}
+		if cluster != "" {
+			wg.Go(func() {
+				write(fmt.Sprintf("cluster-%d", i), strings.ReplaceAll(cluster, "name: cluster-rules-", fmt.Sprintf("name: cluster-rules-%d-", i)))
+			})
+		}
 		wg.Wait()
 		oneStart := time.Now()
 		write(fmt.Sprintf("one-%d", i), strings.ReplaceAll(one, "name: rules-", fmt.Sprintf("name: rules-%d-", i)))
@@ -167,9 +236,12 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 		// The burst is in once every rule has been seen: a cursor over
 		// them stops at the first one missing, so that a poll costs a
 		// lookup or two until the rules come (they are not removed).
-		var oneAt, burstAt time.Duration
-		next := 0
-		for oneAt == 0 || burstAt == 0 {
+		var oneAt, burstAt, clusterAt time.Duration
+		next, nextCluster := 0, 0
+		if cluster == "" {
+			clusterAt = -1
+		}
+		for oneAt == 0 || burstAt == 0 || clusterAt == 0 {
 			if time.Since(start) > time.Minute {
 				b.Fatalf("the rules are not in the map after a minute: the one rule %v, %d of the burst's", oneAt != 0, next)
 			}
@@ -181,11 +253,21 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 					burstAt = time.Since(start)
 				}
 			}
+			for clusterAt == 0 && clusterHolds(nextCluster/clusterRulesPerObject, nextCluster%clusterRulesPerObject) {
+				if nextCluster++; nextCluster == clusterRules {
+					clusterAt = time.Since(start)
+				}
+			}
 			time.Sleep(time.Millisecond)
 		}
 		oneLatency, burstLoad = max(oneLatency, ms(oneAt)), max(burstLoad, ms(burstAt))
 		load = max(load, ms(max(oneAt+oneStart.Sub(start), burstAt)))
+		if clusterAt > 0 {
+			clusterLoad = max(clusterLoad, ms(clusterAt))
+			allLoad = max(allLoad, ms(max(burstAt, clusterAt)))
+		}
 		m.Close()
+		cm.Close()
 		for _, q := range [][]string{
 			{"--pod", rulesPod, "--peer", lastPeer.Addr().String(), "--port", fmt.Sprint(lastPort)},
 			{"--pod", rulesOtherPod, "--peer", onePeer.Addr().String(), "--port", "1000"},
@@ -210,6 +292,10 @@ func benchPolicyRules(b *testing.B, source func(*testing.B, *Agent) func(name, c
 	}
 	b.ReportMetric(oneLatency, "one-ms")
 	b.ReportMetric(burstLoad, "burst-ms")
+	if clusterRules > 0 {
+		b.ReportMetric(clusterLoad, "cluster-ms")
+		b.ReportMetric(allLoad, "all-ms")
+	}
 	b.ReportMetric(load, "load-ms")
 	b.ReportMetric(written, "written-ms")
 	b.ReportMetric(float64(size)/(1<<20), "files-MB")
