@@ -36,7 +36,9 @@ import (
 //     rest.
 //  3. Baseline tier, only for a pod no PolicyEndpoint isolates in the
 //     direction: as the Admin tier.
-//  4. Default: allowed; in strict mode denied.
+//  4. Default: allowed; in strict mode denied to a pod IP no
+//     PolicyEndpoint selects (a selected pod's direction that no
+//     NetworkPolicy isolates is allowed, as the AWS agent's DEFAULT_ALLOW).
 
 // rawClusterRule is an ingress or egress entry of a ClusterPolicyEndpoint.
 type rawClusterRule struct {
@@ -301,14 +303,12 @@ func genClusterPackets(rng *rand.Rand, s clusterScenario, v6 bool, n int) []pack
 
 // oracleVerdict is what the rules decide for a packet: the verdict, the
 // step, and the objects whose rule may be the deciding one (Admin and
-// Baseline steps; nil: not compared). unsure marks a decision the rules
-// leave open (see clusterOracle).
+// Baseline steps; nil: not compared).
 type oracleVerdict struct {
 	allow   bool
 	step    bpf.PolicyStep
 	objects []uint32
 	why     string
-	unsure  bool
 }
 
 func (v oracleVerdict) String() string {
@@ -378,15 +378,10 @@ func tierWinner(cpes []rawCPE, tier string, p packet) (action string, priority i
 }
 
 // clusterOracle decides a packet from the raw scenario by the rules above.
-// Strict mode: the default step denies "a pod no policy selects"
-// (Documentation/network-policy.md); for a pod some object selects that
-// reaches the default step in strict mode, the verdict is marked unsure
-// (the documentation and the AWS agent do not settle it; see
-// TestClusterOracleStrictSelectedPod for the case a test already fixes).
 func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p packet) oracleVerdict {
-	dflt := func(selected bool, why string) oracleVerdict {
-		if strict {
-			return oracleVerdict{step: bpf.StepDefault, why: why + ", strict mode", unsure: selected}
+	dflt := func(selectedByPE bool, why string) oracleVerdict {
+		if strict && !selectedByPE {
+			return oracleVerdict{step: bpf.StepDefault, why: why + ", strict mode, no PolicyEndpoint selects the pod"}
 		}
 		return oracleVerdict{allow: true, step: bpf.StepDefault, why: why}
 	}
@@ -471,7 +466,7 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 	}
 
 	// 4. Default.
-	return dflt(len(cpes)+len(pes) > 0, "nothing decides")
+	return dflt(len(pes) > 0, "nothing decides")
 }
 
 // compileClusterScenario compiles every pod IP of the node's families into
@@ -540,9 +535,6 @@ func evalClusterEntries(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict bool
 // agrees says whether a result is the oracle's verdict: allow, step, and
 // the deciding object where the oracle names the candidates.
 func (v oracleVerdict) agrees(res bpf.PolicyResult) bool {
-	if v.unsure {
-		return true
-	}
 	if res.Allow != v.allow || res.Step != v.step {
 		return false
 	}
@@ -629,7 +621,7 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 	if testing.Short() {
 		scenarios = 200
 	}
-	checked, unsure, spilled := 0, 0, 0
+	checked, spilled := 0, 0
 	steps := map[bpf.PolicyStep]int{}
 	for i := range scenarios {
 		node := nodeconfig.Config{EnableIPv4: true, EnableIPv6: i%2 == 1}
@@ -643,10 +635,6 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 		}
 		for _, p := range genClusterPackets(rng, s, true, packets) {
 			want := s.clusterOracle(node, strict, p)
-			if want.unsure {
-				unsure++
-				continue
-			}
 			checked++
 			steps[want.step]++
 			got := evalClusterEntries(np, cp, strict, p)
@@ -665,8 +653,8 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 				strings.Join(entryLines(np), "\n"), strings.Join(clusterEntryLines(cp), "\n"))
 		}
 	}
-	t.Logf("%d packets on %d random policies agree with the oracle (by step: %v; %d cluster entries with chunks; %d strict-mode packets of selected pods at the default step left out)",
-		checked, scenarios, steps, spilled, unsure)
+	t.Logf("%d packets on %d random policies agree with the oracle (by step: %v; %d cluster entries with chunks)",
+		checked, scenarios, steps, spilled)
 	if spilled == 0 && !testing.Short() {
 		t.Error("no cluster value had chunks: the generator does not reach them")
 	}
@@ -683,7 +671,8 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 // documentation of --network-policy-enforcing-mode, and
 // test/enforce_test.go TestPrivilegedNetworkPolicyStrictMode, "pod b's
 // egress is not isolated by its policy"), with and without a
-// ClusterPolicyEndpoint that passes.
+// ClusterPolicyEndpoint that passes. (It failed before 02e7d2a: the
+// default step denied every pod in strict mode.)
 func TestClusterOracleStrictSelectedPod(t *testing.T) {
 	node := nodeconfig.Config{EnableIPv4: true}
 	pod := "10.0.0.2"
