@@ -674,3 +674,91 @@ func TestPrivilegedClusterFailsClosed(t *testing.T) {
 		cprobe{"b", "egress", "tcp", policyPeerIP, 80, true, "baseline ClusterPolicyEndpoint/open-b"},
 		cprobe{"b", "ingress", "tcp", policyPeerIP, 80, true, "default"})...)
 }
+
+// Two peers whose Admin values agree on their first eight intervals (as
+// many as a row's text shows) keep their own values: every peer is denied
+// eight TCP ports, 10.0.1.2 is accepted UDP 53 and 10.0.1.3 denied it, for
+// a pod whose PolicyEndpoint isolates its ingress. UDP 53 from 10.0.1.3
+// must not pass (it did before 676a388: the compiler interned cluster
+// values by their text, which is cut after eight intervals, and 10.0.1.3
+// got 10.0.1.2's value).
+func TestPrivilegedClusterDenyNotTakenFromAnotherPeer(t *testing.T) {
+	n := newClusterNode(t, map[string]string{"a": podA})
+	var eight []string
+	for port := 1; port <= 15; port += 2 {
+		eight = append(eight, fmt.Sprintf("TCP %d", port))
+	}
+	n.start(map[string]string{
+		"a": policyEndpoint("a", podA, []string{"Ingress"}, nil, nil),
+		"cpe": clusterPolicyEndpoint("peers", "Admin", 2, []string{podA}, []cpeRule{
+			{cidr: "0.0.0.0/0", ports: eight, action: "Deny"},
+			{cidr: policyPeerIP + "/32", ports: []string{"UDP 53"}, action: "Accept"},
+			{cidr: peerC2 + "/32", ports: []string{"UDP 53"}, action: "Deny"},
+		}, nil),
+	})
+	n.expect(t,
+		cprobe{"a", "ingress", "udp", policyPeerIP, 53, true, "admin ClusterPolicyEndpoint/peers"},
+		cprobe{"a", "ingress", "udp", peerC2, 53, false, "admin ClusterPolicyEndpoint/peers"},
+		cprobe{"a", "ingress", "udp", peerC3, 53, false, "namespace PolicyEndpoint/e2e/a"},
+		cprobe{"a", "ingress", "tcp", peerC2, 80, false, "namespace PolicyEndpoint/e2e/a"},
+	)
+}
+
+// On pods that enimasq-cni itself wired (its veths, routes and rules, from
+// the ENI IPAM of the sample CiliumNode), an Admin ClusterPolicyEndpoint
+// denies the client the server's TCP 81 while TCP 80 stays open (no
+// NetworkPolicy selects them: the default allows), and a Baseline one
+// denies the server's egress to the client's TCP 80 (a new connection)
+// but not the replies of the client's connections.
+func TestPrivilegedClusterOnEnimasqCNIPods(t *testing.T) {
+	topo := newVPCTopology(t)
+	a, dir := cniPolicyAgent(t, topo)
+	cni := newCNIRuntime(t, topo, a.APISocket())
+	nsA, nsB := cni.newPod("client"), cni.newPod("server")
+	ipA, ipB := cni.add(nsA, "client"), cni.add(nsB, "server")
+	hA, hB := nsHandle(t, nsA), nsHandle(t, nsB)
+	for _, c := range []struct {
+		ns netns.NsHandle
+		ip string
+	}{{hA, ipA}, {hB, ipB}} {
+		for _, port := range []int{80, 81} {
+			if err := celltest.InNS(c.ns, func() error { return answerOK(t, "tcp4", net.JoinHostPort(c.ip, strconv.Itoa(port))) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !connectTCP(hA, ipB, 80) || !connectTCP(hA, ipB, 81) || !connectTCP(hB, ipA, 80) {
+		t.Fatal("the CNI's pods do not reach each other without a policy")
+	}
+	WriteFileAtomic(t, filepath.Join(dir, "cpes.yaml"), onCNINode(
+		clusterPolicyEndpoint("guard-server", "Admin", 10, []string{ipB},
+			[]cpeRule{{cidr: ipA + "/32", ports: []string{"TCP 81"}, action: "Deny"}}, nil)+"---\n"+
+			clusterPolicyEndpoint("server-out", "Baseline", 10, []string{ipB}, nil,
+				[]cpeRule{{cidr: ipA + "/32", action: "Deny"}})))
+	waitAttached(a, 2)
+	verdict := func(dir, peer string, port int) string {
+		out, _, _ := a.Dbg("policy", "verdict", "--pod", ipB, "--direction", dir, "--peer", peer, "--proto", "tcp", "--port", strconv.Itoa(port))
+		return strings.TrimSpace(out)
+	}
+	a.WaitFor("the verdict program denying client -> server tcp/81", func() bool {
+		return strings.HasPrefix(verdict("ingress", ipA, 81), "DENY")
+	})
+	for _, c := range []struct {
+		what        string
+		ok          bool
+		want        bool
+		dir         string
+		peer        string
+		port        int
+		verdictWant string
+	}{
+		{"client -> server tcp/81 (Admin Deny)", connectTCP(hA, ipB, 81), false, "ingress", ipA, 81, "DENY ingress " + ipB + " " + ipA + " tcp/81: admin ClusterPolicyEndpoint/guard-server: "},
+		{"client -> server tcp/80 (the default; the replies pass the Baseline Deny of the server's egress)", connectTCP(hA, ipB, 80), true, "ingress", ipA, 80, "ALLOW ingress " + ipB + " " + ipA + " tcp/80: default: "},
+		{"server -> client tcp/80 (Baseline Deny)", connectTCP(hB, ipA, 80), false, "egress", ipA, 80, "DENY egress " + ipB + " " + ipA + " tcp/80: baseline ClusterPolicyEndpoint/server-out: "},
+	} {
+		v := verdict(c.dir, c.peer, c.port)
+		if c.ok != c.want || !strings.HasPrefix(v, c.verdictWant) {
+			t.Errorf("%s: traffic passed=%t, want %t; the verdict program: %s, want %q...", c.what, c.ok, c.want, v, c.verdictWant)
+		}
+	}
+}
