@@ -518,7 +518,9 @@ func TestPrivilegedClusterRestartNoGap(t *testing.T) {
 		var wg sync.WaitGroup
 		var stop atomic.Bool
 		var leaked, failed, tries atomic.Int64
-		for _, p := range []cprobe{denied, allowed} {
+		// Four loops on the denied flow (each try of it waits out its
+		// timeout), two on the allowed one.
+		for _, p := range []cprobe{denied, denied, denied, denied, allowed, allowed} {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
