@@ -319,6 +319,10 @@ func (v oracleVerdict) String() string {
 	return fmt.Sprintf("%s at %s (%s)", verdict, v.step, v.why)
 }
 
+// cpeID is the id the program names a ClusterPolicyEndpoint by (the
+// documented ObjectID of kind ClusterPolicyEndpoint and its name).
+func cpeID(name string) uint32 { return bpf.ObjectID("ClusterPolicyEndpoint", name) }
+
 // clusterPortsMatch says whether a rule's ports hold the packet: no ports
 // hold everything (ICMP too); a spec holds its protocol (none: TCP) on its
 // port, its range, or every port.
@@ -368,9 +372,9 @@ func tierWinner(cpes []rawCPE, tier string, p packet) (action string, priority i
 			key := [2]int{c.Priority, rank[r.Action]}
 			switch {
 			case key[0] < best[0] || key[0] == best[0] && key[1] < best[1]:
-				best, action, objects = key, r.Action, []uint32{ClusterObjectID(c.Name)}
-			case key == best && !slices.Contains(objects, ClusterObjectID(c.Name)):
-				objects = append(objects, ClusterObjectID(c.Name))
+				best, action, objects = key, r.Action, []uint32{cpeID(c.Name)}
+			case key == best && !slices.Contains(objects, cpeID(c.Name)):
+				objects = append(objects, cpeID(c.Name))
 			}
 		}
 	}
@@ -422,7 +426,7 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 	var standIns []uint32
 	for _, c := range cpes {
 		if c.StandIn {
-			standIns = append(standIns, ClusterObjectID(c.Name))
+			standIns = append(standIns, cpeID(c.Name))
 		}
 	}
 	if len(standIns) > 0 {
