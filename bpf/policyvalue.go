@@ -435,3 +435,28 @@ func EvaluatePolicy(cp, np *PolicyValue, k uint32, strict bool) PolicyResult {
 	}
 	return PolicyResult{Allow: true, Reason: PolicyNoPolicy, Step: StepDefault, Interval: -1}
 }
+
+// TiersString is a cluster value as text: each interval's ports and the
+// Admin and Baseline winners with their object ids ("tcp/80 admin
+// deny#123; any baseline accept#456"), "-" for none.
+func (v *PolicyValue) TiersString() string {
+	if len(v.Intervals) == 0 {
+		return "-"
+	}
+	var parts []string
+	for i, iv := range v.Intervals {
+		if i == shownIntervals {
+			parts = append(parts, fmt.Sprintf("and %d more", len(v.Intervals)-i))
+			break
+		}
+		text := IntervalText(iv)
+		if iv.First.Action() != ActionNone {
+			text += " admin " + iv.First.String()
+		}
+		if iv.Second.Action() != ActionNone {
+			text += " baseline " + iv.Second.String()
+		}
+		parts = append(parts, text)
+	}
+	return strings.Join(parts, "; ")
+}

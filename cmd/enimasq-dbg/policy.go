@@ -41,7 +41,7 @@ type policyEntryJSON struct {
 }
 
 func entryJSON(e netpolicy.KernelPolicyEntry) policyEntryJSON {
-	return policyEntryJSON{Map: e.Map, Pod: e.Pod, Peer: e.Peer, Ports: e.Value.String()}
+	return policyEntryJSON{Map: e.Map, Pod: e.Pod, Peer: e.Peer, Ports: e.Ports()}
 }
 
 // bpfPolicyCommand is `bpf policy`: `bpf policy list [--pod IP]` and `bpf

@@ -2,9 +2,7 @@ package compile
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -107,10 +105,7 @@ func (e *ClusterMapEntry) Key() PolicyEntryKey { return PolicyEntryKey{e.Map(), 
 // clusterEntryID is the primary key: as policyEntryID, by position in
 // bpf.ClusterMapNames.
 func clusterEntryID(mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
-	b := podEntriesPrefix(nil, pod)
-	b = append(b, byte(slices.Index(bpf.ClusterMapNames, mapName)+1))
-	b = append(b, peer.Addr().AsSlice()...)
-	return append(b, byte(peer.Bits()))
+	return mapEntryID(bpf.ClusterMapNames, mapName, pod, peer)
 }
 
 // ClusterPodEntries queries a pod IP's cluster entries.
@@ -125,34 +120,9 @@ var ClusterEntryIndex = statedb.Index[*ClusterMapEntry, PolicyEntryKey]{
 	FromObject: func(e *ClusterMapEntry) index.KeySet {
 		return index.NewKeySet(clusterEntryID(e.Map(), e.Pod, e.Peer()))
 	},
-	FromKey: func(k PolicyEntryKey) index.Key { return clusterEntryID(k.Map, k.Pod, k.Peer) },
-	FromString: func(s string) (index.Key, error) {
-		f := strings.Fields(s)
-		switch len(f) {
-		case 1:
-			pod, err := netip.ParseAddr(f[0])
-			if err != nil {
-				return nil, err
-			}
-			return podEntriesPrefix(nil, pod), nil
-		case 3:
-		default:
-			return nil, fmt.Errorf("%q: want \"map pod peer\" or a pod IP", s)
-		}
-		if !slices.Contains(bpf.ClusterMapNames, f[0]) {
-			return nil, fmt.Errorf("%q: no cluster map %q (%s)", s, f[0], strings.Join(bpf.ClusterMapNames, ", "))
-		}
-		pod, err := netip.ParseAddr(f[1])
-		if err != nil {
-			return nil, err
-		}
-		peer, err := netip.ParsePrefix(f[2])
-		if err != nil {
-			return nil, err
-		}
-		return clusterEntryID(f[0], pod, peer.Masked()), nil
-	},
-	Unique: true,
+	FromKey:    func(k PolicyEntryKey) index.Key { return clusterEntryID(k.Map, k.Pod, k.Peer) },
+	FromString: entryKeyFromString(bpf.ClusterMapNames),
+	Unique:     true,
 }
 
 // NewClusterMapEntriesTable creates and registers

@@ -159,9 +159,15 @@ func (e *PolicyMapEntry) Key() PolicyEntryKey { return PolicyEntryKey{e.Map(), e
 // not a policy map), the peer and its length. A pod's entries are the
 // ones under podEntriesPrefix. 11 bytes for IPv4.
 func policyEntryID(mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
+	return mapEntryID(bpf.PolicyMapNames, mapName, pod, peer)
+}
+
+// mapEntryID is the key of an entry of one of the maps names, by the map's
+// position in names.
+func mapEntryID(names []string, mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
 	b := make([]byte, 0, 1+pod.BitLen()/8+1+peer.Addr().BitLen()/8+1)
 	b = podEntriesPrefix(b, pod)
-	b = append(b, byte(slices.Index(bpf.PolicyMapNames, mapName)+1))
+	b = append(b, byte(slices.Index(names, mapName)+1))
 	b = append(b, peer.Addr().AsSlice()...)
 	return append(b, byte(peer.Bits()))
 }
@@ -178,18 +184,10 @@ func PodEntries(pod netip.Addr) statedb.Query[*PolicyMapEntry] {
 	return PolicyEntryIndex.QueryFromKey(podEntriesPrefix(nil, pod))
 }
 
-// PolicyEntryIndex is the primary index: pod, map, peer. As a string
-// query: "map pod peer" ("enimasq_egress_v4 10.0.0.5 10.0.0.0/8"), or a
-// pod IP alone for db/prefix.
-var PolicyEntryIndex = statedb.Index[*PolicyMapEntry, PolicyEntryKey]{
-	Name: "id",
-	FromObject: func(e *PolicyMapEntry) index.KeySet {
-		return index.NewKeySet(policyEntryID(e.Map(), e.Pod, e.Peer()))
-	},
-	FromKey: func(k PolicyEntryKey) index.Key {
-		return policyEntryID(k.Map, k.Pod, k.Peer)
-	},
-	FromString: func(s string) (index.Key, error) {
+// entryKeyFromString parses an entry's key as the shell gives it: "map
+// pod peer" (map one of names), or a pod IP alone for db/prefix.
+func entryKeyFromString(names []string) func(string) (index.Key, error) {
+	return func(s string) (index.Key, error) {
 		f := strings.Fields(s)
 		switch len(f) {
 		case 1:
@@ -202,8 +200,8 @@ var PolicyEntryIndex = statedb.Index[*PolicyMapEntry, PolicyEntryKey]{
 		default:
 			return nil, fmt.Errorf("%q: want \"map pod peer\" or a pod IP", s)
 		}
-		if !slices.Contains(bpf.PolicyMapNames, f[0]) {
-			return nil, fmt.Errorf("%q: no policy map %q (%s)", s, f[0], strings.Join(bpf.PolicyMapNames, ", "))
+		if !slices.Contains(names, f[0]) {
+			return nil, fmt.Errorf("%q: no map %q (%s)", s, f[0], strings.Join(names, ", "))
 		}
 		pod, err := netip.ParseAddr(f[1])
 		if err != nil {
@@ -213,9 +211,23 @@ var PolicyEntryIndex = statedb.Index[*PolicyMapEntry, PolicyEntryKey]{
 		if err != nil {
 			return nil, err
 		}
-		return policyEntryID(f[0], pod, peer.Masked()), nil
+		return mapEntryID(names, f[0], pod, peer.Masked()), nil
+	}
+}
+
+// PolicyEntryIndex is the primary index: pod, map, peer. As a string
+// query: "map pod peer" ("enimasq_egress_v4 10.0.0.5 10.0.0.0/8"), or a
+// pod IP alone for db/prefix.
+var PolicyEntryIndex = statedb.Index[*PolicyMapEntry, PolicyEntryKey]{
+	Name: "id",
+	FromObject: func(e *PolicyMapEntry) index.KeySet {
+		return index.NewKeySet(policyEntryID(e.Map(), e.Pod, e.Peer()))
 	},
-	Unique: true,
+	FromKey: func(k PolicyEntryKey) index.Key {
+		return policyEntryID(k.Map, k.Pod, k.Peer)
+	},
+	FromString: entryKeyFromString(bpf.PolicyMapNames),
+	Unique:     true,
 }
 
 // NewPolicyMapEntriesTable creates and registers policy-map-entries. It

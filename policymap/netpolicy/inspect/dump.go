@@ -24,7 +24,16 @@ type KernelPolicyEntry struct {
 }
 
 func (e KernelPolicyEntry) String() string {
-	return fmt.Sprintf("%s %s %s %s", e.Map, e.Pod, e.Peer, e.Value.String())
+	return fmt.Sprintf("%s %s %s %s", e.Map, e.Pod, e.Peer, e.Ports())
+}
+
+// Ports is the value as text: a NetworkPolicy value's ports, a cluster
+// value's intervals with the winners of both tiers.
+func (e KernelPolicyEntry) Ports() string {
+	if slices.Contains(bpf.ClusterMapNames, e.Map) {
+		return e.Value.TiersString()
+	}
+	return e.Value.String()
 }
 
 // ListPolicyMap returns the entries of the policy or cluster map name,

@@ -108,7 +108,7 @@ func (v Verdict) String() string {
 		if i := v.Result.Interval; i >= 0 && i < len(e.Value.Intervals) {
 			b.WriteString(bpf.IntervalText(e.Value.Intervals[i]))
 		} else {
-			b.WriteString(e.Value.String())
+			b.WriteString(e.Ports())
 		}
 		b.WriteByte(']')
 	} else if v.Result.Step == bpf.StepDefault && v.Entry == nil && v.ClusterEntry == nil {
