@@ -448,6 +448,9 @@ func benchmarkPeer(b *testing.B, p *Peer, empty *ebpf.Program) {
 // tc_cls section's, but for the map references of its 64-bit loads (which
 // every loader fills in).
 func TestPeerProgramIsTheirs(t *testing.T) {
+	// The build reads the module cache and runs clang: as root, with the
+	// other privileged tests (the unprivileged run has no module cache).
+	celltest.RequireRoot(t)
 	objs, err := build()
 	if errors.Is(err, ErrMissingTools) {
 		t.Skip(err)
