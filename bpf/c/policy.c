@@ -680,7 +680,10 @@ __attribute__((noinline)) int search(const struct policy_value *v, __u32 k, int 
 	w.k = k;
 	w.left = n - POLICY_INLINE;
 	w.out = out;
-	bpf_loop((w.left + POLICY_CHUNK - 1) / POLICY_CHUNK, chunk_step, &w, 0);
+	/* A walk bpf_loop refuses (more chunks than it iterates) is a list
+	 * that cannot be judged: denied. */
+	if (bpf_loop((w.left + POLICY_CHUNK - 1) / POLICY_CHUNK, chunk_step, &w, 0) < 0)
+		out->r = SEARCH_MISSING;
 	return 0;
 }
 

@@ -112,6 +112,9 @@ func clusterSelectionOf(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint)
 			continue
 		}
 		sel.cpes = append(sel.cpes, c)
+		// The node IP is the objects' hostIP, as for PolicyEndpoints: from
+		// the API server only pods whose hostIP is one of this node's
+		// addresses are taken (the source's node rule), stand-ins' too.
 		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
 			sel.hosts = append(sel.hosts, h)
 		}
@@ -185,6 +188,10 @@ func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTempl
 	}
 	slices.SortFunc(bounds, prefixorder.Compare)
 	bounds = slices.Compact(bounds)
+	// Written longest first: the reconciler writes in that order, so a
+	// narrower key (a Deny inside an Accept) is in the kernel before the
+	// wider one that would otherwise decide for it.
+	slices.SortStableFunc(bounds, func(a, b netip.Prefix) int { return cmp.Compare(b.Bits(), a.Bits()) })
 	values := map[string]*portValue{}
 	var covering []*clusterRule
 	for _, b := range bounds {
