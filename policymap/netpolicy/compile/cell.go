@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
@@ -97,22 +98,7 @@ func registerClusterMaps(p clusterMapParams) error {
 	if p.Settings.Off != "" {
 		return nil
 	}
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error {
-			for _, f := range policyMapFamilies(p.Node) {
-				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-					if err := p.Ops.Open(p.Log, bpf.ClusterMapSpec(d, f, p.Settings.MaxEntries), p.Node.GlobalsDir()); err != nil {
-						return err
-					}
-				}
-			}
-			return p.Ops.OpenSpill(p.Log, bpf.ChunkMapSpec(bpf.ClusterChunksMapName, p.Settings.MaxEntries), p.Node.GlobalsDir())
-		},
-		OnStop: func(cell.HookContext) error {
-			p.Ops.Close()
-			return nil
-		},
-	})
+	openMaps(p.Lifecycle, p.Log, p.Node, p.Ops, bpf.ClusterMapSpec, bpf.ClusterChunksMapName, p.Settings.MaxEntries)
 	wtxn := p.DB.WriteTxn(p.Entries)
 	initDone := p.Entries.RegisterInitializer(wtxn, "derive-cluster-policy-map-entries")
 	wtxn.Commit()
@@ -164,6 +150,29 @@ func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
 	return out
 }
 
+// openMaps opens, at start, the maps of spec for every direction and family
+// of the node, and their chunk map, and closes them at stop (their pins
+// stay): the NetworkPolicy and the cluster maps alike.
+func openMaps[E bpf.Entry](lc cell.Lifecycle, log *slog.Logger, node nodeconfig.Config, ops *policymap.Maps[E],
+	spec func(bpf.Direction, bpf.Family, uint32) *ebpf.MapSpec, chunks string, maxEntries uint32) {
+	lc.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			for _, f := range policyMapFamilies(node) {
+				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+					if err := ops.Open(log, spec(d, f, maxEntries), node.GlobalsDir()); err != nil {
+						return err
+					}
+				}
+			}
+			return ops.OpenSpill(log, bpf.ChunkMapSpec(chunks, maxEntries), node.GlobalsDir())
+		},
+		OnStop: func(cell.HookContext) error {
+			ops.Close()
+			return nil
+		},
+	})
+}
+
 // registerPolicyMaps derives policy-map-entries from policy-endpoints and
 // reconciles it into the policy maps of the node's families. Nothing is
 // registered (no maps are made) while network policy is disabled.
@@ -172,22 +181,7 @@ func registerPolicyMaps(p policyMapParams) error {
 		return nil
 	}
 
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error {
-			for _, f := range policyMapFamilies(p.Node) {
-				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-					if err := p.Ops.Open(p.Log, bpf.PolicyMapSpec(d, f, p.Settings.MaxEntries), p.Node.GlobalsDir()); err != nil {
-						return err
-					}
-				}
-			}
-			return p.Ops.OpenSpill(p.Log, bpf.ChunkMapSpec(bpf.PolicyChunksMapName, p.Settings.MaxEntries), p.Node.GlobalsDir())
-		},
-		OnStop: func(cell.HookContext) error {
-			p.Ops.Close()
-			return nil
-		},
-	})
+	openMaps(p.Lifecycle, p.Log, p.Node, p.Ops, bpf.PolicyMapSpec, bpf.PolicyChunksMapName, p.Settings.MaxEntries)
 
 	// The entries are initialized by the deriver once policy-endpoints is
 	// and its objects are compiled: pruning waits for both.
