@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -178,27 +180,37 @@ func apiFailure(reason string) filesource.Failure {
 // parseAPIObject runs one object from the API server through the file
 // parser. Its File is "policyendpoints/<namespace>/<name>".
 func parseAPIObject(key string, obj map[string]any) (*PolicyEndpoint, error) {
-	file := "policyendpoints/" + key
+	return parseAPI("policyendpoints/"+key, obj, parseObject)
+}
+
+// parseAPI runs an object of the API server, as file, through parse (at
+// the root of the document: no field path).
+func parseAPI[T any](file string, obj map[string]any, parse func(file string, base *field.Path, data []byte) (T, error)) (T, error) {
+	var zero, out T
 	data, err := json.Marshal(obj)
-	var pe *PolicyEndpoint
 	if err == nil {
-		pe, err = parseObject(file, nil, data)
+		out, err = parse(file, nil, data)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+		return zero, fmt.Errorf("%s: %w", file, err)
 	}
-	return pe, nil
+	return out, nil
+}
+
+// apiJSON is an object of the API server as JSON for a stand-in: nil (no
+// pods can be read) if it does not marshal.
+func apiJSON(obj map[string]any) []byte {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil
+	}
+	return data
 }
 
 // recoverAPIObject is the stand-in of an object of the API server that is
 // not valid.
 func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoint {
-	file := "policyendpoints/" + key
-	data, err := json.Marshal(obj)
-	if err != nil {
-		data = nil // no pods can be read
-	}
-	return recoverJSON(file, key, key, data, cause)
+	return recoverJSON("policyendpoints/"+key, key, key, apiJSON(obj), cause)
 }
 
 // podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil
@@ -206,19 +218,25 @@ func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoi
 // The pods of a stand-in whose hostIP cannot be read are kept: they may be
 // this node's, and isolating a pod of another node has no effect here.
 func podsOnNode(pe *PolicyEndpoint, addrs map[netip.Addr]bool) *PolicyEndpoint {
+	return onNode(pe, pe.Pods, pe.StandIn, addrs, func(c *PolicyEndpoint, pods []PodEndpoint) { c.Pods = pods })
+}
+
+// onNode is podsOnNode for an object of either kind: obj's pods, setPods
+// setting them on a copy.
+func onNode[T any](obj *T, all []PodEndpoint, standIn bool, addrs map[netip.Addr]bool, setPods func(*T, []PodEndpoint)) *T {
 	var pods []PodEndpoint
-	for _, p := range pe.Pods {
-		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && pe.StandIn {
+	for _, p := range all {
+		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && standIn {
 			pods = append(pods, p)
 		}
 	}
 	switch len(pods) {
 	case 0:
 		return nil
-	case len(pe.Pods):
-		return pe
+	case len(all):
+		return obj
 	}
-	c := *pe
-	c.Pods = pods
+	c := *obj
+	setPods(&c, pods)
 	return &c
 }

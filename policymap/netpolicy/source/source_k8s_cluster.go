@@ -2,7 +2,6 @@ package source
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -177,46 +176,18 @@ func clusterAPIFailure(reason string) filesource.Failure {
 // parseClusterAPIObject runs one object from the API server through the
 // file parser. Its File is "clusterpolicyendpoints/<name>".
 func parseClusterAPIObject(name string, obj map[string]any) (*ClusterPolicyEndpoint, error) {
-	file := "clusterpolicyendpoints/" + name
-	data, err := json.Marshal(obj)
-	var cpe *ClusterPolicyEndpoint
-	if err == nil {
-		cpe, err = parseClusterObject(file, nil, data)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
-	}
-	return cpe, nil
+	return parseAPI("clusterpolicyendpoints/"+name, obj, parseClusterObject)
 }
 
 // recoverClusterAPIObject is the stand-in of an object of the API server
 // that is not valid.
 func recoverClusterAPIObject(name string, obj map[string]any, cause error) *ClusterPolicyEndpoint {
-	file := "clusterpolicyendpoints/" + name
-	data, err := json.Marshal(obj)
-	if err != nil {
-		data = nil // no pods can be read
-	}
-	return recoverClusterJSON(file, name, name, data, cause)
+	return recoverClusterJSON("clusterpolicyendpoints/"+name, name, name, apiJSON(obj), cause)
 }
 
 // clusterPodsOnNode returns cpe with only the pods whose hostIP is in
 // addrs, or nil when none is, as podsOnNode does for PolicyEndpoints: the
 // pods of a stand-in whose hostIP cannot be read are kept.
 func clusterPodsOnNode(cpe *ClusterPolicyEndpoint, addrs map[netip.Addr]bool) *ClusterPolicyEndpoint {
-	var pods []PodEndpoint
-	for _, p := range cpe.Pods {
-		if p.HostIP.IsValid() && addrs[p.HostIP] || !p.HostIP.IsValid() && cpe.StandIn {
-			pods = append(pods, p)
-		}
-	}
-	switch len(pods) {
-	case 0:
-		return nil
-	case len(cpe.Pods):
-		return cpe
-	}
-	c := *cpe
-	c.Pods = pods
-	return &c
+	return onNode(cpe, cpe.Pods, cpe.StandIn, addrs, func(c *ClusterPolicyEndpoint, pods []PodEndpoint) { c.Pods = pods })
 }
