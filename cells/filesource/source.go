@@ -19,6 +19,9 @@ type Input[Obj any] struct {
 	Rows     []Obj
 	Warnings []string // logged once per distinct set
 	Summary  string   // the health OK text; logged when it changes
+	// Note is added to the health OK text, not logged: what the source
+	// logs itself (once, not at every change of the summary).
+	Note string
 	// Incomplete: a part of the input never was good (its rows before a
 	// restart are unknown): the rows apply, the table is not initialized.
 	Incomplete bool
@@ -93,7 +96,7 @@ func (s *Source[Obj, K]) Update(health cell.Health, in *Input[Obj], err error) {
 		return
 	}
 	s.Metrics.Success()
-	health.OK(in.Summary)
+	health.OK(in.Summary + in.Note)
 }
 
 // apply writes the difference between the table and in (unchanged rows

@@ -51,6 +51,23 @@ func (d Decoder) Fields(base *field.Path, js []byte, v any) field.ErrorList {
 	return errs
 }
 
+// SplitUnknown splits errs, as Fields gives them, into the paths of the
+// fields the type does not have and the other errors. For the objects of
+// an API whose newer versions add fields (a controller newer than the
+// decoder), an unknown field is not bad input: a Kubernetes client ignores
+// it, and the caller names it instead (a warning). A field given twice, or
+// a value of the wrong type, stays an error.
+func SplitUnknown(errs field.ErrorList) (unknown []string, rest field.ErrorList) {
+	for _, e := range errs {
+		if e.Type == field.ErrorTypeNotSupported { // only Fields' unknown fields
+			unknown = append(unknown, e.Field)
+			continue
+		}
+		rest = append(rest, e)
+	}
+	return unknown, rest
+}
+
 // locate finds the value a decoding error at offset is about, the innermost
 // value that starts before offset, in the value dec reads next (at path in
 // js). It returns its path and where it starts.

@@ -15,9 +15,10 @@ import (
 
 // objectNames names the object that decided a verdict, from the tables:
 // the program knows a ClusterPolicyEndpoint by its id (compile.ClusterObjectID);
-// a NetworkPolicy decision is the union of PolicyEndpoints, so an allow
-// names those whose rules allow the packet and a denial those that isolate
-// the pod in the direction.
+// a NetworkPolicy decision is the union of PolicyEndpoints (those that
+// list the pod and the other slices of their policies), so an allow names
+// those whose rules allow the packet and a denial those that isolate the
+// pod in the direction.
 func objectNames(db *statedb.DB, pes statedb.Table[*endpoints.PolicyEndpoint], cpes statedb.Table[*endpoints.ClusterPolicyEndpoint]) enforce.ObjectNames {
 	return func(d bpf.Direction, q enforce.VerdictQuery, res bpf.PolicyResult) string {
 		txn := db.ReadTxn()
@@ -37,7 +38,11 @@ func objectNames(db *statedb.DB, pes statedb.Table[*endpoints.PolicyEndpoint], c
 		case bpf.StepNamespace:
 			pod, peer := q.Pod.Unmap(), q.Peer.Unmap()
 			var names []string
-			for pe := range pes.List(txn, endpoints.PolicyEndpointPodIndex.Query(pod)) {
+			listing := statedb.Collect(pes.List(txn, endpoints.PolicyEndpointPodIndex.Query(pod)))
+			union := endpoints.Union(listing, func(parent string) []*endpoints.PolicyEndpoint {
+				return statedb.Collect(pes.List(txn, endpoints.PolicyEndpointParentIndex.Query(parent)))
+			})
+			for _, pe := range union {
 				if !pe.Isolates(d) {
 					continue
 				}

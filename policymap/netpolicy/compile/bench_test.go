@@ -35,7 +35,7 @@ func benchPodIP(i int) netip.Addr {
 // cidr and except (a destination that moved).
 func benchObject(i, variant int) *endpoints.PolicyEndpoint {
 	pe := &endpoints.PolicyEndpoint{
-		Namespace: "bench", Name: fmt.Sprintf("pod-%d", i), PolicyRef: "bench/policy",
+		Namespace: "bench", Name: fmt.Sprintf("pod-%d", i), PolicyRef: fmt.Sprintf("bench/pod-%d", i),
 		IsolatesIngress: true, IsolatesEgress: true,
 		Pods: []endpoints.PodEndpoint{{Name: fmt.Sprintf("pod-%d", i), Namespace: "bench", PodIP: benchPodIP(i), HostIP: netip.MustParseAddr("100.127.0.1")}},
 	}

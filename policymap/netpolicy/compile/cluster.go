@@ -102,16 +102,18 @@ func (s clusterSelection) key() string {
 	return b.String()
 }
 
-// clusterSelectionOf returns the selection of a pod IP among cpes; false
-// if none selects it.
+// clusterSelectionOf returns the selection of a pod IP: cpes are the
+// objects that decide for it, sorted by key (endpoints.Union); false if
+// none lists it.
 func clusterSelectionOf(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
-	sel := clusterSelection{family: bpf.FamilyOf(pod)}
+	sel := clusterSelection{family: bpf.FamilyOf(pod), cpes: cpes}
+	listed := false
 	for _, c := range cpes {
 		e, ok := c.PodEntry(pod)
 		if !ok {
-			continue
+			continue // a slice of a policy that another slice gives the pod
 		}
-		sel.cpes = append(sel.cpes, c)
+		listed = true
 		// The node IP is the objects' hostIP, as for PolicyEndpoints: from
 		// the API server only pods whose hostIP is one of this node's
 		// addresses are taken (the source's node rule), stand-ins' too.
@@ -119,12 +121,8 @@ func clusterSelectionOf(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint)
 			sel.hosts = append(sel.hosts, h)
 		}
 	}
-	if len(sel.cpes) == 0 {
-		return sel, false
-	}
-	slices.SortFunc(sel.cpes, func(a, b *endpoints.ClusterPolicyEndpoint) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, true
+	return sel, listed
 }
 
 // rulesOf returns the rules of the selection in a direction, of its
@@ -322,10 +320,11 @@ func clusterValueText(v *bpf.PolicyValue, rules []*clusterRule) string {
 const shownClusterIntervals = 8
 
 // CompileClusterPod returns the cluster entries of a pod IP for every
-// direction, from the ClusterPolicyEndpoints that select it (objects that
-// do not list the pod IP are ignored). Pure and deterministic.
+// direction, from the ClusterPolicyEndpoints that select it: those of cpes
+// that list the pod IP and every other slice of their policies
+// (endpoints.Union); the rest is ignored. Pure and deterministic.
 func CompileClusterPod(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) []*ClusterMapEntry {
-	sel, ok := clusterSelectionOf(pod, cpes)
+	sel, ok := clusterSelectionOf(pod, endpoints.UnionOf(pod, cpes))
 	if !ok {
 		return nil
 	}

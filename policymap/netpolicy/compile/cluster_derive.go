@@ -32,7 +32,8 @@ type clusterDeriver struct {
 	node     nodeconfig.Config
 	initDone func(statedb.WriteTxn)
 
-	podsOf map[string][]netip.Addr
+	changed *changedPods[*endpoints.ClusterPolicyEndpoint]
+	slices  *slicesCache[*endpoints.ClusterPolicyEndpoint]
 }
 
 func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
@@ -43,26 +44,12 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 		return fmt.Errorf("watch %s: %w", endpoints.ClusterPolicyEndpointsTableName, err)
 	}
 	defer changes.Close()
-	d.podsOf = map[string][]netip.Addr{}
+	d.changed = newChangedPods(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
+	d.slices = newSlicesCache(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
 	for {
-		batch, watch := changes.Next(d.db.ReadTxn())
-		affected := map[netip.Addr]struct{}{}
-		for change := range batch {
-			key := change.Object.Key()
-			for _, pod := range d.podsOf[key] {
-				affected[pod] = struct{}{}
-			}
-			if change.Deleted {
-				delete(d.podsOf, key)
-				continue
-			}
-			pods := make([]netip.Addr, 0, len(change.Object.Pods))
-			for _, p := range change.Object.Pods {
-				pods = append(pods, p.PodIP)
-				affected[p.PodIP] = struct{}{}
-			}
-			d.podsOf[key] = pods
-		}
+		txn := d.db.ReadTxn()
+		batch, watch := changes.Next(txn)
+		affected := d.changed.affected(txn, batch, nil)
 		var initWatch <-chan struct{}
 		if len(affected) > 0 || d.initDone != nil {
 			wtxn := d.db.WriteTxn(d.entries)
@@ -93,15 +80,14 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 // entries it wrote or deleted.
 func (d *clusterDeriver) work(wtxn statedb.WriteTxn, pods []netip.Addr) int {
 	templates := map[string][]*policyTemplate{}
+	d.slices.reset()
+	slicesOf := d.slices.in(wtxn)
 	written := 0
 	for _, pod := range pods {
 		var desired []*ClusterMapEntry
 		if d.node.FamilyEnabled(pod) {
-			var cpes []*endpoints.ClusterPolicyEndpoint
-			for c := range d.cpes.List(wtxn, endpoints.ClusterPolicyEndpointPodIndex.Query(pod)) {
-				cpes = append(cpes, c)
-			}
-			if sel, ok := clusterSelectionOf(pod, cpes); ok {
+			listing := statedb.Collect(d.cpes.List(wtxn, endpoints.ClusterPolicyEndpointPodIndex.Query(pod)))
+			if sel, ok := clusterSelectionOf(pod, endpoints.Union(listing, slicesOf)); ok {
 				k := sel.key()
 				ts, ok := templates[k]
 				if !ok {

@@ -10,8 +10,10 @@ import (
 )
 
 // CompilePod returns the map entries of a pod IP for every direction, from
-// the PolicyEndpoints that select it (objects in pes that do not list the
-// pod IP are ignored), in the maps of the pod IP's family. It is pure and
+// the PolicyEndpoints that select it, in the maps of the pod IP's family.
+// A policy is the union of its slices (endpoints.Union): the objects in pes
+// that list the pod IP and every other slice of their policies decide;
+// the rest of pes is ignored. It is pure and
 // deterministic: the same objects, in any order, give the same entries with
 // the same bytes.
 //
@@ -37,7 +39,7 @@ import (
 // its IP (compileSelection, stamp): pods with the same selecting objects and
 // node IP share one compilation and its values.
 func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
-	sel, ok := selectionOf(pod, pes, func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) { return pe.PodEntry(pod) })
+	sel, ok := selectionOf(pod, endpoints.UnionOf(pod, pes), func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) { return pe.PodEntry(pod) })
 	if !ok {
 		return nil
 	}
@@ -53,26 +55,25 @@ func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEnt
 	return out
 }
 
-// selectionOf returns the selection of a pod IP among pes, with entry
-// finding the pod's entry in an object; false if no object selects it.
+// selectionOf returns the selection of a pod IP: pes are the objects that
+// decide for it, sorted by key (endpoints.Union: those that list it and
+// the other slices of their policies), and entry finds its entry in an
+// object that lists it (the node IP); false if none does.
 func selectionOf(pod netip.Addr, pes []*endpoints.PolicyEndpoint, entry func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool)) (selection, bool) {
-	sel := selection{family: bpf.FamilyOf(pod)}
+	sel := selection{family: bpf.FamilyOf(pod), pes: pes}
+	listed := false
 	for _, pe := range pes {
 		e, ok := entry(pe)
 		if !ok {
-			continue
+			continue // a slice of a policy that another slice gives the pod
 		}
-		sel.pes = append(sel.pes, pe)
+		listed = true
 		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
 			sel.hosts = append(sel.hosts, h)
 		}
 	}
-	if len(sel.pes) == 0 {
-		return sel, false
-	}
-	slices.SortFunc(sel.pes, func(a, b *endpoints.PolicyEndpoint) int { return cmp.Compare(a.Key(), b.Key()) })
 	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, true
+	return sel, listed
 }
 
 // compileSelection returns the templates of the selection, egress first.

@@ -67,9 +67,11 @@ type policyDeriver struct {
 	// reconciler never prunes the maps against a partial desired state.
 	initDone func(statedb.WriteTxn)
 
-	// podsOf holds, per object key, the pod IPs it listed when last seen:
-	// a change or deletion must also recompile the pods it no longer lists.
-	podsOf map[string][]netip.Addr
+	// changed says which pod IPs a change recompiles: those the changed
+	// objects list or listed, and those of every slice of their policies.
+	changed *changedPods[*endpoints.PolicyEndpoint]
+	// slices lists, within one transaction, the slices of a policy.
+	slices *slicesCache[*endpoints.PolicyEndpoint]
 	// hosts indexes, per object key, its pods' node IPs by pod IP (for
 	// objects with many pods).
 	hosts map[string]*podHosts
@@ -250,7 +252,8 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		return fmt.Errorf("watch %s: %w", endpoints.PolicyEndpointsTableName, err)
 	}
 	defer changes.Close()
-	d.podsOf = map[string][]netip.Addr{}
+	d.changed = newChangedPods(d.endpoints, endpoints.PolicyEndpointParentIndex)
+	d.slices = newSlicesCache(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.hosts = map[string]*podHosts{}
 	d.templates = map[string][]*policyTemplate{}
 	d.compiling = map[string]*backgroundCompile{}
@@ -377,35 +380,20 @@ func (d *policyDeriver) anyPending() bool {
 }
 
 // nextChanges returns the pod IPs that the changes since the last call
-// list or listed, and a channel closed on the next change. The batch's
-// snapshot of the database is not kept: held while the deriver waits, it
-// would keep every row the reconciler has since replaced.
+// list or listed, with the pods of every slice of their policies, and a
+// channel closed on the next change. The batch's snapshot of the database
+// is not kept: held while the deriver waits, it would keep every row the
+// reconciler has since replaced.
 func (d *policyDeriver) nextChanges(changes statedb.ChangeIterator[*endpoints.PolicyEndpoint]) ([]netip.Addr, <-chan struct{}) {
-	batch, watch := changes.Next(d.db.ReadTxn())
-	return d.affected(batch), watch
+	txn := d.db.ReadTxn()
+	batch, watch := changes.Next(txn)
+	return d.affected(txn, batch), watch
 }
 
-// affected returns the pod IPs that a batch of changes lists or listed.
-func (d *policyDeriver) affected(batch func(func(statedb.Change[*endpoints.PolicyEndpoint], statedb.Revision) bool)) []netip.Addr {
-	affected := map[netip.Addr]struct{}{}
-	for change := range batch {
-		key := change.Object.Key()
-		for _, pod := range d.podsOf[key] {
-			affected[pod] = struct{}{}
-		}
-		delete(d.hosts, key)
-		if change.Deleted {
-			delete(d.podsOf, key)
-			continue
-		}
-		pods := make([]netip.Addr, 0, len(change.Object.Pods))
-		for _, p := range change.Object.Pods {
-			pods = append(pods, p.PodIP)
-			affected[p.PodIP] = struct{}{}
-		}
-		d.podsOf[key] = pods
-	}
-	return sortedAddrs(affected)
+// affected returns the pod IPs that a batch of changes recompiles
+// (changedPods).
+func (d *policyDeriver) affected(txn statedb.ReadTxn, batch func(func(statedb.Change[*endpoints.PolicyEndpoint], statedb.Revision) bool)) []netip.Addr {
+	return sortedAddrs(d.changed.affected(txn, batch, func(key string) { delete(d.hosts, key) }))
 }
 
 // finished takes a background compile's templates and queues its pods.
@@ -429,6 +417,7 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 	// the table's lock, so nothing else changes them, and this chunk
 	// writes each pod once.
 	before := d.db.ReadTxn()
+	d.slices.reset()
 	chunk := d.flow.chunkRows()
 	d.queue.round++
 	entries := 0
@@ -491,8 +480,8 @@ func (d *policyDeriver) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
 		return nil, true
 	}
-	pes := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
-	sel, ok := selectionOf(pod, pes, d.hostsOf(pod))
+	listing := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
+	sel, ok := selectionOf(pod, endpoints.Union(listing, d.slices.in(wtxn)), d.hostsOf(pod))
 	if !ok {
 		return nil, true
 	}

@@ -119,7 +119,7 @@ func (f *deriverFixture) waitFor(t *testing.T, want []*PolicyMapEntry) map[strin
 func benchPolicyEndpoint(i int, dst string) *endpoints.PolicyEndpoint {
 	pod := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
 	return &endpoints.PolicyEndpoint{
-		Namespace: "ns", Name: fmt.Sprintf("pe-%d", i), PolicyRef: "ns/p",
+		Namespace: "ns", Name: fmt.Sprintf("pe-%d", i), PolicyRef: fmt.Sprintf("ns/p-%d", i),
 		IsolatesEgress: true,
 		Pods:           []endpoints.PodEndpoint{{PodIP: pod, HostIP: netip.MustParseAddr("10.255.0.1")}},
 		Egress: []endpoints.Rule{

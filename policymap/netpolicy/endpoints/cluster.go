@@ -60,6 +60,12 @@ type ClusterPolicyEndpoint struct {
 	Egress  []ClusterRule `json:",omitempty"`
 	// Warnings are accepted oddities, each naming the field.
 	Warnings []string `json:",omitempty"`
+	// Unknown are the paths of the fields the object has that enimasq
+	// does not know (a newer controller's: spec.subject of v1.1.10's
+	// ClusterPolicyEndpoints): ignored, as a Kubernetes client ignores
+	// them, and named (the row's warnings, the source's log and health,
+	// enimasq_policy_unknown_fields_total).
+	Unknown []string `json:",omitempty"`
 	// Invalid, when set, is why the object in force is not the one written:
 	// the row is its last good version or, with none, its stand-in, which
 	// denies everything but the node IP to the pods it names, in both
@@ -82,6 +88,21 @@ type ClusterRule struct {
 
 // Key is the table's primary key: the object's name (cluster-scoped).
 func (c *ClusterPolicyEndpoint) Key() string { return c.Name }
+
+// Parent is the ClusterNetworkPolicy the object is a slice of, its
+// PolicyRef: a pod that one slice lists gets the rules of all of them, each
+// slice's with its own tier and priority (slices.go). "" for a stand-in
+// whose policyRef cannot be read.
+func (c *ClusterPolicyEndpoint) Parent() string { return c.PolicyRef }
+
+// PodIPs are the pod IPs the object lists.
+func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr {
+	out := make([]netip.Addr, len(c.Pods))
+	for i, p := range c.Pods {
+		out[i] = p.PodIP
+	}
+	return out
+}
 
 // Rules returns the rules of a direction.
 func (c *ClusterPolicyEndpoint) Rules(d bpf.Direction) []ClusterRule {
@@ -126,7 +147,7 @@ func (c *ClusterPolicyEndpoint) TableRow() []string {
 		pods,
 		fmt.Sprintf("%d rules", len(c.Ingress)),
 		fmt.Sprintf("%d rules", len(c.Egress)),
-		strings.Join(c.Warnings, "; "),
+		warningsText(c.Warnings, c.Unknown),
 		c.Invalid,
 	}
 }
@@ -159,8 +180,13 @@ var (
 	}
 )
 
+// ClusterPolicyEndpointParentIndex finds the slices of a
+// ClusterNetworkPolicy by its name (Parent).
+var ClusterPolicyEndpointParentIndex = parentIndex[*ClusterPolicyEndpoint]()
+
 // NewClusterPolicyEndpointsTable creates and registers
 // cluster-policy-endpoints.
 func NewClusterPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*ClusterPolicyEndpoint], error) {
-	return statedb.NewTable(db, ClusterPolicyEndpointsTableName, ClusterPolicyEndpointNameIndex, ClusterPolicyEndpointPodIndex)
+	return statedb.NewTable(db, ClusterPolicyEndpointsTableName, ClusterPolicyEndpointNameIndex, ClusterPolicyEndpointPodIndex,
+		ClusterPolicyEndpointParentIndex)
 }

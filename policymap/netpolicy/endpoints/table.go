@@ -3,6 +3,7 @@ package endpoints
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -39,6 +40,12 @@ type PolicyEndpoint struct {
 	// another family dropped, host bits cleared, excepts outside their
 	// cidr, duplicates.
 	Warnings []string `json:",omitempty"`
+	// Unknown are the paths of the fields the object has that enimasq
+	// does not know (a newer controller's: spec.subject of v1.1.10's
+	// ClusterPolicyEndpoints): ignored, as a Kubernetes client ignores
+	// them, and named (the row's warnings, the source's log and health,
+	// enimasq_policy_unknown_fields_total).
+	Unknown []string `json:",omitempty"`
 	// Invalid, when set, is why the object in force is not the one written
 	// (its error): the row is its last good version or, with none, its
 	// stand-in (the source's recover.go), which isolates the pods it names
@@ -93,6 +100,21 @@ func (pe *PolicyEndpoint) Key() string {
 	return pe.Namespace + "/" + pe.Name
 }
 
+// Parent is the policy the object is a slice of, its PolicyRef
+// ("namespace/name"): the controller cuts a NetworkPolicy into slices, and a
+// pod that one slice lists gets the rules of all of them (slices.go). ""
+// for a stand-in whose policyRef cannot be read: a policy of its own.
+func (pe *PolicyEndpoint) Parent() string { return pe.PolicyRef }
+
+// PodIPs are the pod IPs the object lists.
+func (pe *PolicyEndpoint) PodIPs() []netip.Addr {
+	out := make([]netip.Addr, len(pe.Pods))
+	for i, p := range pe.Pods {
+		out[i] = p.PodIP
+	}
+	return out
+}
+
 // Rules returns the rules of a direction.
 func (pe *PolicyEndpoint) Rules(d bpf.Direction) []Rule {
 	if d == bpf.Ingress {
@@ -145,6 +167,16 @@ func (pe *PolicyEndpoint) Isolation() string {
 	return strings.Join(dirs, ",")
 }
 
+// warningsText is a row's Warnings column: its warnings, then its unknown
+// fields.
+func warningsText(warnings, unknown []string) string {
+	out := slices.Clone(warnings)
+	for _, f := range unknown {
+		out = append(out, f+": unknown field, ignored")
+	}
+	return strings.Join(out, "; ")
+}
+
 // shownPods is how many pod IPs a table row lists before "and N more".
 const shownPods = 4
 
@@ -176,7 +208,7 @@ func (pe *PolicyEndpoint) TableRow() []string {
 		pe.PodList(),
 		fmt.Sprintf("%d rules", len(pe.Ingress)),
 		fmt.Sprintf("%d rules", len(pe.Egress)),
-		strings.Join(pe.Warnings, "; "),
+		warningsText(pe.Warnings, pe.Unknown),
 		pe.Invalid,
 	}
 }
@@ -209,7 +241,11 @@ var (
 	}
 )
 
+// PolicyEndpointParentIndex finds the slices of a NetworkPolicy by
+// its "namespace/name" (Parent).
+var PolicyEndpointParentIndex = parentIndex[*PolicyEndpoint]()
+
 // NewPolicyEndpointsTable creates and registers policy-endpoints.
 func NewPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*PolicyEndpoint], error) {
-	return statedb.NewTable(db, PolicyEndpointsTableName, PolicyEndpointNameIndex, PolicyEndpointPodIndex)
+	return statedb.NewTable(db, PolicyEndpointsTableName, PolicyEndpointNameIndex, PolicyEndpointPodIndex, PolicyEndpointParentIndex)
 }

@@ -74,7 +74,7 @@ func register(p params) error {
 		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone, Metrics: p.Metrics.source,
 	}, filesource.Source[*ClusterPolicyEndpoint, string]{
 		Log: p.Log, DB: p.DB, Table: p.Clusters, InitDone: clusterInitDone, Metrics: p.Metrics.cluster,
-	})
+	}, p.Metrics.unknown)
 	if api {
 		if p.NodeIPs == nil {
 			return fmt.Errorf("PolicyEndpoints from the API server need the %s table (nodeips.Cell) to tell the pods of this node", nodeips.TableName)

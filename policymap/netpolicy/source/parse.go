@@ -226,7 +226,7 @@ func parseItem(file string, base *field.Path, kind any, js []byte, wrap func(err
 // kind, metadata) name the object.
 func parseObject(file string, base *field.Path, js []byte) (*PolicyEndpoint, error) {
 	var obj policyEndpointObject
-	errs := policyDecoder.Fields(base, js, &obj)
+	unknown, errs := decodeObject(base, js, &obj)
 	v := &validator{pe: &PolicyEndpoint{File: file}}
 	if v.header(base, &obj); len(v.errs) > 0 {
 		if len(errs) == 0 {
@@ -241,8 +241,17 @@ func parseObject(file string, base *field.Path, js []byte) (*PolicyEndpoint, err
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", v.pe.Key(), strictdecode.Format(errs))
 	}
-	v.pe.Warnings = v.warnings
+	v.pe.Warnings, v.pe.Unknown = v.warnings, unknown
 	return v.pe, nil
+}
+
+// decodeObject decodes an object of either kind at base into obj, as a
+// Kubernetes client does: a field its type does not have (a newer
+// controller's, as spec.subject of v1.1.10's ClusterPolicyEndpoints) is
+// not an error but returned by its path, for the source to name; a field
+// given twice or a value of the wrong type is an error.
+func decodeObject(base *field.Path, js []byte, obj any) (unknown []string, errs field.ErrorList) {
+	return strictdecode.SplitUnknown(policyDecoder.Fields(base, js, obj))
 }
 
 // validator turns a decoded object into a PolicyEndpoint (pe), collecting

@@ -39,7 +39,7 @@ func ParseClusterPolicyEndpoints(path string, data []byte) ([]*ClusterPolicyEndp
 // (apiVersion, kind, metadata) name the object.
 func parseClusterObject(file string, base *field.Path, js []byte) (*ClusterPolicyEndpoint, error) {
 	var obj clusterPolicyEndpointObject
-	errs := policyDecoder.Fields(base, js, &obj)
+	unknown, errs := decodeObject(base, js, &obj)
 	v := &clusterValidator{cpe: &ClusterPolicyEndpoint{File: file}}
 	if v.header(base, &obj); len(v.errs) > 0 {
 		if len(errs) == 0 {
@@ -54,7 +54,7 @@ func parseClusterObject(file string, base *field.Path, js []byte) (*ClusterPolic
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", v.cpe.Name, strictdecode.Format(errs))
 	}
-	v.cpe.Warnings = v.warnings
+	v.cpe.Warnings, v.cpe.Unknown = v.warnings, unknown
 	return v.cpe, nil
 }
 

@@ -21,8 +21,8 @@ func TestStandIns(t *testing.T) {
 		pods            string
 		hostIP, invalid string
 	}{
-		{"unknown field", minimal("  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidrs: 10.0.0.0/8}]\n"),
-			"ns/p", "Egress", "10.0.0.5", "10.0.0.1", `field spec.egress[0].cidrs: unknown field "cidrs"`},
+		{"bad value", minimal("  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidr: 10.0.0.0/33}]\n"),
+			"ns/p", "Egress", "10.0.0.5", "10.0.0.1", `field spec.egress[0].cidr: value "10.0.0.0/33" is not a CIDR`},
 		{"isolation not a list", minimal("  podIsolation: Ingress\n  podSelectorEndpoints: [{podIP: 10.0.0.5}]\n"),
 			"ns/p", "Ingress,Egress", "10.0.0.5", "invalid IP", "is not a list of policy types"},
 		{"isolation missing", minimal("  podSelectorEndpoints: [{podIP: 10.0.0.5}]\n  ingress: [{cidr: x}]\n"),
@@ -91,7 +91,7 @@ func TestResolve(t *testing.T) {
 // same stand-in on every read (it never becomes a "last good version").
 func TestPolicySourceRereadsInvalidFile(t *testing.T) {
 	dir := t.TempDir()
-	bad := minimal("  podIsolation: [Egress]\n  podSelectorEndpoints: [{podIP: 10.0.0.5}]\n  egress: [{cidrs: 10.0.0.0/8}]\n")
+	bad := minimal("  podIsolation: [Egress]\n  podSelectorEndpoints: [{podIP: 10.0.0.5}]\n  egress: [{cidr: 10.0.0.0/33}]\n")
 	if err := os.WriteFile(filepath.Join(dir, "b.yaml"), []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/filesource"
@@ -45,6 +46,9 @@ type policySource struct {
 	cluster *filesource.Source[*ClusterPolicyEndpoint, string]
 	node    nodeconfig.Config
 	files   filesource.Parts[*policyFile] // last good version, by file name
+	// unknown and clusterUnknown name the fields of each kind's objects
+	// that enimasq does not know (unknown.go), from files or the API.
+	unknown, clusterUnknown *unknownFields
 }
 
 // policyFile is the last good version of one file.
@@ -62,9 +66,10 @@ const ClusterScope = "cluster-policy-endpoints"
 // clusterBase are what the cell gives it for each table: log, database,
 // table, initializer and metrics.
 func newPolicySource(settings Settings, node nodeconfig.Config, base filesource.Source[*PolicyEndpoint, string],
-	clusterBase filesource.Source[*ClusterPolicyEndpoint, string]) *policySource {
+	clusterBase filesource.Source[*ClusterPolicyEndpoint, string], unknown *prometheus.CounterVec) *policySource {
 	dir, resync := settings.Path, settings.Resync
-	s := &policySource{node: node}
+	s := &policySource{node: node, unknown: newUnknownFields(PolicyEndpointKind, unknown),
+		clusterUnknown: newUnknownFields(ClusterPolicyEndpointKind, unknown)}
 	s.Source = &filesource.Source[*PolicyEndpoint, string]{
 		Dir:    dir,
 		Period: func() time.Duration { return resync },
@@ -293,11 +298,14 @@ func merge(names []string, files map[string]*policyFile) (map[string]*PolicyEndp
 
 // input is the rows of desired, sorted by key, each with the warnings of
 // this node (nodeWarnings) and extra added (to a copy: the object may be a
-// last good version), and all their warnings, each prefixed with its key.
+// last good version), and all their warnings, each prefixed with its key;
+// their unknown fields are named (unknown.go).
 func (s *policySource) input(desired map[string]*PolicyEndpoint, extra map[string][]string) *filesource.Input[*PolicyEndpoint] {
 	in := &filesource.Input[*PolicyEndpoint]{}
+	unknown := map[string][]string{}
 	for _, key := range slices.Sorted(maps.Keys(desired)) {
 		pe := desired[key]
+		unknown[key] = pe.Unknown
 		if more := append(nodeWarnings(pe, s.node), extra[key]...); len(more) > 0 {
 			c := *pe
 			c.Warnings = append(slices.Clone(pe.Warnings), more...)
@@ -308,6 +316,7 @@ func (s *policySource) input(desired map[string]*PolicyEndpoint, extra map[strin
 		}
 		in.Rows = append(in.Rows, pe)
 	}
+	in.Note = s.unknown.note(s.Log, unknown)
 	return in
 }
 

@@ -33,11 +33,14 @@ func mergeClusters(names []string, files map[string]*policyFile) (map[string]*Cl
 
 // clusterInput is the rows of desired, sorted by name, each as this node
 // programs it (forNode) with extra added (to a copy: the object may be a
-// last good version), and all their warnings, each prefixed with its name.
+// last good version), and all their warnings, each prefixed with its name;
+// their unknown fields are named (unknown.go).
 func (s *policySource) clusterInput(desired map[string]*ClusterPolicyEndpoint, extra map[string][]string) *filesource.Input[*ClusterPolicyEndpoint] {
 	in := &filesource.Input[*ClusterPolicyEndpoint]{}
+	unknown := map[string][]string{}
 	for _, name := range slices.Sorted(maps.Keys(desired)) {
 		cpe := forNode(desired[name], s.node)
+		unknown[name] = cpe.Unknown
 		if more := extra[name]; len(more) > 0 {
 			c := *cpe
 			c.Warnings = append(slices.Clone(cpe.Warnings), more...)
@@ -48,6 +51,7 @@ func (s *policySource) clusterInput(desired map[string]*ClusterPolicyEndpoint, e
 		}
 		in.Rows = append(in.Rows, cpe)
 	}
+	in.Note = s.clusterUnknown.note(s.Log, unknown)
 	return in
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/enimasq/enimasq/cells/filesource"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeips"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // policyK8sSource keeps policy-endpoints equal to the PolicyEndpoints of all
@@ -28,7 +29,8 @@ import (
 // the agent's network namespace (loopback excluded), or the primary IP of
 // one of the node's ENIs (the enis table, when the ENI IPAM runs). Entries
 // without a hostIP, or of other nodes, are dropped; an object left without
-// pods is ignored (not in the table). The addresses are re-read on every
+// pods is ignored (not in the table), unless another slice of its policy
+// has pods here: its rules are theirs too (onThisNode). The addresses are re-read on every
 // change and every --policy-endpoints-resync-interval.
 //
 // Each object goes through the same parser and validator as a file
@@ -161,12 +163,12 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 	current = maps.Clone(current) // Parts' own map holds the good versions only
 	maps.Copy(current, invalid)
 
-	desired := map[string]*PolicyEndpoint{}
+	all := make(map[string]*PolicyEndpoint, len(current))
 	for key, obj := range current {
-		if pe := podsOnNode(obj.pe, addrs); pe != nil { // else no pod of this node
-			desired[key] = pe
-		}
+		all[key] = obj.pe
 	}
+	desired := onThisNode(all, func(pe *PolicyEndpoint) *PolicyEndpoint { return podsOnNode(pe, addrs) },
+		func(pe *PolicyEndpoint, pods []PodEndpoint) { pe.Pods = pods })
 	in := s.input(desired, nil)
 	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
 	s.Update(health, in, joinErrors(errs))
@@ -211,6 +213,35 @@ func apiJSON(obj map[string]any) []byte {
 // not valid.
 func recoverAPIObject(key string, obj map[string]any, cause error) *PolicyEndpoint {
 	return recoverJSON("policyendpoints/"+key, key, key, apiJSON(obj), cause)
+}
+
+// onThisNode returns the objects of all (by key) that this node enforces:
+// each with only its pods on this node (local: nil when none), and of
+// those with none, the slices of a policy that another slice gives pods
+// here, without pods (setPods on a copy): a policy is the union of its
+// slices (endpoints.Union), so their rules are those pods' too.
+func onThisNode[T any, P interface {
+	*T
+	endpoints.Slice
+}](all map[string]P, local func(P) P, setPods func(P, []PodEndpoint)) map[string]P {
+	out := make(map[string]P, len(all))
+	parents := map[string]bool{}
+	for key, o := range all {
+		if l := local(o); l != nil {
+			out[key] = l
+			parents[o.Parent()] = true
+		}
+	}
+	for key, o := range all {
+		if _, ok := out[key]; ok || o.Parent() == "" || !parents[o.Parent()] {
+			continue
+		}
+		c := P(new(T))
+		*c = *o
+		setPods(c, nil)
+		out[key] = c
+	}
+	return out
 }
 
 // podsOnNode returns pe with only the pods whose hostIP is in addrs, or nil

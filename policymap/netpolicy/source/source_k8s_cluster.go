@@ -153,12 +153,12 @@ func (s *clusterK8sSource) updateLocked(health cell.Health, snap k8sclient.Snaps
 	current = maps.Clone(current) // Parts' own map holds the good versions only
 	maps.Copy(current, invalid)
 
-	desired := map[string]*ClusterPolicyEndpoint{}
+	all := make(map[string]*ClusterPolicyEndpoint, len(current))
 	for name, obj := range current {
-		if cpe := clusterPodsOnNode(obj.cpe, addrs); cpe != nil { // else no pod of this node
-			desired[name] = cpe
-		}
+		all[name] = obj.cpe
 	}
+	desired := onThisNode(all, func(cpe *ClusterPolicyEndpoint) *ClusterPolicyEndpoint { return clusterPodsOnNode(cpe, addrs) },
+		func(cpe *ClusterPolicyEndpoint, pods []PodEndpoint) { cpe.Pods = pods })
 	in := s.dir.clusterInput(desired, nil)
 	in.Summary = fmt.Sprintf("%d ClusterPolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
 	if notServed {
