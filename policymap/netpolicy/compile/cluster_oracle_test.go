@@ -51,7 +51,10 @@ type rawClusterRule struct {
 // stand-in of an unreadable object that selects Pods (its tier, priority
 // and rules are then not written).
 type rawCPE struct {
-	Name     string
+	Name string
+	// Policy is the parent policy when the object is a slice of another
+	// object's (see rawPE).
+	Policy   string
 	Tier     string
 	Priority int
 	Pods     []rawPod
@@ -76,6 +79,14 @@ func (s clusterScenario) clone() clusterScenario {
 	return c
 }
 
+// policy is the object's parent policy.
+func (c rawCPE) policy() string {
+	if c.Policy != "" {
+		return c.Policy
+	}
+	return c.Name
+}
+
 // render writes the scenario as one List of both kinds; stand-ins are
 // listed in a comment (they are made, not read: see parseCluster).
 func (s clusterScenario) render() string {
@@ -86,7 +97,7 @@ func (s clusterScenario) render() string {
 			"kind":       source.PolicyEndpointKind,
 			"metadata":   map[string]string{"name": pe.Name, "namespace": "prop"},
 			"spec": map[string]any{
-				"policyRef":            map[string]string{"name": pe.Name},
+				"policyRef":            map[string]string{"name": pe.policy()},
 				"podIsolation":         pe.Isolation,
 				"podSelectorEndpoints": pe.Pods,
 				"ingress":              pe.Ingress,
@@ -109,7 +120,7 @@ func (s clusterScenario) render() string {
 			"kind":       source.ClusterPolicyEndpointKind,
 			"metadata":   map[string]string{"name": c.Name},
 			"spec": map[string]any{
-				"policyRef":            map[string]string{"name": c.Name},
+				"policyRef":            map[string]string{"name": c.policy()},
 				"tier":                 c.Tier,
 				"priority":             c.Priority,
 				"podSelectorEndpoints": c.Pods,
@@ -146,7 +157,7 @@ func (s clusterScenario) parseCluster(t testing.TB) ([]*endpoints.PolicyEndpoint
 		if !c.StandIn {
 			continue
 		}
-		stand := &endpoints.ClusterPolicyEndpoint{Name: c.Name, File: "scenario.json", Tier: endpoints.TierAdmin,
+		stand := &endpoints.ClusterPolicyEndpoint{Name: c.Name, File: "scenario.json", PolicyRef: c.policy(), Tier: endpoints.TierAdmin,
 			Invalid: "generated stand-in", StandIn: true}
 		for _, p := range c.Pods {
 			stand.Pods = append(stand.Pods, endpoints.PodEndpoint{PodIP: netip.MustParseAddr(p.PodIP), HostIP: netip.MustParseAddr(p.HostIP)})
@@ -249,6 +260,12 @@ func genClusterScenario(rng *rand.Rand, v6 bool) clusterScenario {
 		c := rawCPE{Name: fmt.Sprintf("cpe-%d", n), Tier: "Admin", Priority: clusterPriorities[rng.IntN(len(clusterPriorities))]}
 		if rng.IntN(5) < 2 {
 			c.Tier = "Baseline"
+		}
+		if n > 0 && rng.IntN(2) == 0 {
+			// A slice of an earlier object's policy: its tier and
+			// priority, its own pods and rules.
+			first := s.CPEs[rng.IntN(n)]
+			c.Policy, c.Tier, c.Priority = first.policy(), first.Tier, first.Priority
 		}
 		c.StandIn = rng.IntN(12) == 0
 		for i := 1; i <= poolSize; i++ {
@@ -406,13 +423,26 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 	selects := func(pods []rawPod) bool {
 		return slices.ContainsFunc(pods, func(pod rawPod) bool { return netip.MustParseAddr(pod.PodIP) == p.Pod })
 	}
+	// A policy is the union of its slices: the objects that list the pod
+	// and every other object of their policies.
+	cpePolicies, pePolicies := map[string]bool{}, map[string]bool{}
 	for _, c := range s.CPEs {
 		if selects(c.Pods) {
-			cpes = append(cpes, c)
+			cpePolicies[c.policy()] = true
 		}
 	}
 	for _, pe := range s.NP.PEs {
 		if selects(pe.Pods) {
+			pePolicies[pe.policy()] = true
+		}
+	}
+	for _, c := range s.CPEs {
+		if cpePolicies[c.policy()] {
+			cpes = append(cpes, c)
+		}
+	}
+	for _, pe := range s.NP.PEs {
+		if pePolicies[pe.policy()] {
 			pes = append(pes, pe)
 		}
 	}
@@ -569,6 +599,9 @@ func (s clusterScenario) smaller() []clusterScenario {
 		out = append(out, c)
 	}
 	for i, cpe := range s.CPEs {
+		if cpe.Policy != "" {
+			edit(func(c *clusterScenario) { c.CPEs[i].Policy = "" })
+		}
 		edit(func(c *clusterScenario) { c.CPEs = slices.Delete(c.CPEs, i, i+1) })
 		for j := range cpe.Pods {
 			edit(func(c *clusterScenario) { c.CPEs[i].Pods = slices.Delete(c.CPEs[i].Pods, j, j+1) })

@@ -51,20 +51,26 @@ func (s scenario) oracleAllows(node nodeconfig.Config, p packet) bool {
 	if !node.FamilyEnabled(p.Pod) {
 		return true
 	}
+	// A policy is the union of its slices: the objects that list the pod
+	// and every other object of their policies decide; the node IP is
+	// that of the objects that list it.
+	listing := map[string]bool{}
+	for _, pe := range s.PEs {
+		for i := range pe.Pods {
+			if netip.MustParseAddr(pe.Pods[i].PodIP) != p.Pod {
+				continue
+			}
+			listing[pe.policy()] = true
+			if h, err := netip.ParseAddr(pe.Pods[i].HostIP); err == nil && h == p.Peer {
+				return true
+			}
+			break
+		}
+	}
 	isolated := false
 	for _, pe := range s.PEs {
-		var pod *rawPod
-		for i := range pe.Pods {
-			if netip.MustParseAddr(pe.Pods[i].PodIP) == p.Pod {
-				pod = &pe.Pods[i]
-				break
-			}
-		}
-		if pod == nil {
+		if !listing[pe.policy()] {
 			continue
-		}
-		if h, err := netip.ParseAddr(pod.HostIP); err == nil && h == p.Peer {
-			return true
 		}
 		dir, rules := "Egress", pe.Egress
 		if p.Dir == bpf.Ingress {

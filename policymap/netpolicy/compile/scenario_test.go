@@ -37,7 +37,10 @@ type rawPod struct {
 }
 
 type rawPE struct {
-	Name      string
+	Name string
+	// Policy is the parent policy (spec.policyRef) when the object is a
+	// slice of another object's policy; "" is a policy of its own.
+	Policy    string
 	Isolation []string
 	Pods      []rawPod
 	Ingress   []rawRule
@@ -79,7 +82,7 @@ func (s scenario) render() []byte {
 			"kind":       source.PolicyEndpointKind,
 			"metadata":   map[string]string{"name": pe.Name, "namespace": "prop"},
 			"spec": map[string]any{
-				"policyRef":            map[string]string{"name": pe.Name},
+				"policyRef":            map[string]string{"name": pe.policy()},
 				"podIsolation":         pe.Isolation,
 				"podSelectorEndpoints": pe.Pods,
 				"ingress":              pe.Ingress,
@@ -92,6 +95,14 @@ func (s scenario) render() []byte {
 		panic(err)
 	}
 	return b
+}
+
+// policy is the object's parent policy.
+func (pe rawPE) policy() string {
+	if pe.Policy != "" {
+		return pe.Policy
+	}
+	return pe.Name
 }
 
 func (s scenario) parse(t testing.TB) []*endpoints.PolicyEndpoint {
@@ -216,6 +227,12 @@ func genScenario(rng *rand.Rand, v6 bool) scenario {
 			if rng.IntN(3) != 0 {
 				pe.Isolation = append(pe.Isolation, d)
 			}
+		}
+		if n > 0 && rng.IntN(2) == 0 {
+			// A slice of an earlier object's policy, as the controller
+			// cuts one: the same podIsolation, its own pods and rules.
+			first := s.PEs[rng.IntN(n)]
+			pe.Policy, pe.Isolation = first.policy(), first.Isolation
 		}
 		for i := 1; i <= poolSize; i++ {
 			if rng.IntN(2) == 0 {
@@ -351,6 +368,9 @@ func (s scenario) smaller() []scenario {
 	}
 	for i, pe := range s.PEs {
 		edit(func(c *scenario) { c.PEs = append(c.PEs[:i], c.PEs[i+1:]...) })
+		if pe.Policy != "" {
+			edit(func(c *scenario) { c.PEs[i].Policy = "" })
+		}
 		for j := range pe.Pods {
 			edit(func(c *scenario) { c.PEs[i].Pods = append(c.PEs[i].Pods[:j], c.PEs[i].Pods[j+1:]...) })
 		}
