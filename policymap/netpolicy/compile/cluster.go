@@ -86,15 +86,15 @@ func ClusterObjectID(name string) uint32 { return bpf.ObjectID(clusterObjectKind
 type clusterSelection struct {
 	family bpf.Family
 	cpes   []*endpoints.ClusterPolicyEndpoint
-	hosts  []netip.Addr
+	// cpesKey identifies cpes (objectSet).
+	cpesKey string
+	hosts   []netip.Addr
 }
 
 func (s clusterSelection) key() string {
 	var b strings.Builder
 	b.WriteByte(byte(s.family))
-	for _, c := range s.cpes {
-		fmt.Fprintf(&b, "%p", c)
-	}
+	b.WriteString(s.cpesKey)
 	for _, h := range s.hosts {
 		b.WriteByte('/')
 		b.Write(h.AsSlice())
@@ -102,16 +102,16 @@ func (s clusterSelection) key() string {
 	return b.String()
 }
 
-// clusterSelectionOf returns the selection of a pod IP: cpes are the
-// objects that decide for it, sorted by key (endpoints.Union); false if
-// none lists it.
-func clusterSelectionOf(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
-	sel := clusterSelection{family: bpf.FamilyOf(pod), cpes: cpes}
+// clusterSelectionOf returns the selection of a pod IP: set is the
+// objects that decide for it (endpoints.Union), listing those of them
+// that list it; false if none does.
+func clusterSelectionOf(pod netip.Addr, set objectSet[*endpoints.ClusterPolicyEndpoint], listing []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
+	sel := clusterSelection{family: bpf.FamilyOf(pod), cpes: set.objs, cpesKey: set.key}
 	listed := false
-	for _, c := range cpes {
+	for _, c := range listing {
 		e, ok := c.PodEntry(pod)
 		if !ok {
-			continue // a slice of a policy that another slice gives the pod
+			continue
 		}
 		listed = true
 		// The node IP is the objects' hostIP, as for PolicyEndpoints: from
@@ -324,7 +324,7 @@ const shownClusterIntervals = 8
 // that list the pod IP and every other slice of their policies
 // (endpoints.Union); the rest is ignored. Pure and deterministic.
 func CompileClusterPod(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) []*ClusterMapEntry {
-	sel, ok := clusterSelectionOf(pod, endpoints.UnionOf(pod, cpes))
+	sel, ok := clusterSelectionOf(pod, newObjectSet(endpoints.UnionOf(pod, cpes)), cpes)
 	if !ok {
 		return nil
 	}

@@ -33,7 +33,7 @@ type clusterDeriver struct {
 	initDone func(statedb.WriteTxn)
 
 	changed *changedPods[*endpoints.ClusterPolicyEndpoint]
-	slices  *slicesCache[*endpoints.ClusterPolicyEndpoint]
+	unions  *unions[*endpoints.ClusterPolicyEndpoint]
 }
 
 func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
@@ -45,7 +45,7 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 	}
 	defer changes.Close()
 	d.changed = newChangedPods(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
-	d.slices = newSlicesCache(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
+	d.unions = newUnions(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
 	for {
 		txn := d.db.ReadTxn()
 		batch, watch := changes.Next(txn)
@@ -80,14 +80,13 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 // entries it wrote or deleted.
 func (d *clusterDeriver) work(wtxn statedb.WriteTxn, pods []netip.Addr) int {
 	templates := map[string][]*policyTemplate{}
-	d.slices.reset()
-	slicesOf := d.slices.in(wtxn)
+	d.unions.reset()
 	written := 0
 	for _, pod := range pods {
 		var desired []*ClusterMapEntry
 		if d.node.FamilyEnabled(pod) {
 			listing := statedb.Collect(d.cpes.List(wtxn, endpoints.ClusterPolicyEndpointPodIndex.Query(pod)))
-			if sel, ok := clusterSelectionOf(pod, endpoints.Union(listing, slicesOf)); ok {
+			if sel, ok := clusterSelectionOf(pod, d.unions.of(wtxn, listing), listing); ok {
 				k := sel.key()
 				ts, ok := templates[k]
 				if !ok {

@@ -39,7 +39,8 @@ import (
 // its IP (compileSelection, stamp): pods with the same selecting objects and
 // node IP share one compilation and its values.
 func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
-	sel, ok := selectionOf(pod, endpoints.UnionOf(pod, pes), func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) { return pe.PodEntry(pod) })
+	entry := func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) { return pe.PodEntry(pod) }
+	sel, ok := selectionOf(pod, newObjectSet(endpoints.UnionOf(pod, pes)), pes, entry)
 	if !ok {
 		return nil
 	}
@@ -55,17 +56,18 @@ func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEnt
 	return out
 }
 
-// selectionOf returns the selection of a pod IP: pes are the objects that
-// decide for it, sorted by key (endpoints.Union: those that list it and
-// the other slices of their policies), and entry finds its entry in an
-// object that lists it (the node IP); false if none does.
-func selectionOf(pod netip.Addr, pes []*endpoints.PolicyEndpoint, entry func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool)) (selection, bool) {
-	sel := selection{family: bpf.FamilyOf(pod), pes: pes}
+// selectionOf returns the selection of a pod IP: set is the objects that
+// decide for it (endpoints.Union: those that list it and the other slices
+// of their policies), listing holds those that list it (others are
+// skipped), and entry finds its entry in one (the node IP); false if none
+// lists it.
+func selectionOf(pod netip.Addr, set objectSet[*endpoints.PolicyEndpoint], listing []*endpoints.PolicyEndpoint, entry func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool)) (selection, bool) {
+	sel := selection{family: bpf.FamilyOf(pod), pes: set.objs, pesKey: set.key}
 	listed := false
-	for _, pe := range pes {
+	for _, pe := range listing {
 		e, ok := entry(pe)
 		if !ok {
-			continue // a slice of a policy that another slice gives the pod
+			continue
 		}
 		listed = true
 		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {

@@ -70,8 +70,8 @@ type policyDeriver struct {
 	// changed says which pod IPs a change recompiles: those the changed
 	// objects list or listed, and those of every slice of their policies.
 	changed *changedPods[*endpoints.PolicyEndpoint]
-	// slices lists, within one transaction, the slices of a policy.
-	slices *slicesCache[*endpoints.PolicyEndpoint]
+	// unions takes, within one transaction, the union of slices.
+	unions *unions[*endpoints.PolicyEndpoint]
 	// hosts indexes, per object key, its pods' node IPs by pod IP (for
 	// objects with many pods).
 	hosts map[string]*podHosts
@@ -253,7 +253,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 	}
 	defer changes.Close()
 	d.changed = newChangedPods(d.endpoints, endpoints.PolicyEndpointParentIndex)
-	d.slices = newSlicesCache(d.endpoints, endpoints.PolicyEndpointParentIndex)
+	d.unions = newUnions(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.hosts = map[string]*podHosts{}
 	d.templates = map[string][]*policyTemplate{}
 	d.compiling = map[string]*backgroundCompile{}
@@ -417,7 +417,7 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 	// the table's lock, so nothing else changes them, and this chunk
 	// writes each pod once.
 	before := d.db.ReadTxn()
-	d.slices.reset()
+	d.unions.reset()
 	chunk := d.flow.chunkRows()
 	d.queue.round++
 	entries := 0
@@ -481,7 +481,7 @@ func (d *policyDeriver) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 		return nil, true
 	}
 	listing := statedb.Collect(d.endpoints.List(wtxn, endpoints.PolicyEndpointPodIndex.Query(pod)))
-	sel, ok := selectionOf(pod, endpoints.Union(listing, d.slices.in(wtxn)), d.hostsOf(pod))
+	sel, ok := selectionOf(pod, d.unions.of(wtxn, listing), listing, d.hostsOf(pod))
 	if !ok {
 		return nil, true
 	}

@@ -1,7 +1,10 @@
 package compile
 
 import (
+	"crypto/sha256"
+	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/cilium/statedb"
 
@@ -77,29 +80,73 @@ func (c *changedPods[T]) affected(txn statedb.ReadTxn, batch func(func(statedb.C
 	return affected
 }
 
-// slicesCache lists the slices of a policy in one transaction, each once.
-type slicesCache[T sliceRow] struct {
+// objectSet is the objects that decide for a pod (endpoints.Union),
+// sorted by key, and a key that identifies them while they are alive: the
+// objects are immutable, so their addresses stand for their contents. The
+// key is short whatever the number of objects (the addresses' SHA-256 past
+// a few): every pod's selection key starts with it.
+type objectSet[T any] struct {
+	objs []T
+	key  string
+}
+
+func newObjectSet[T any](objs []T) objectSet[T] {
+	b := make([]byte, 0, 12*len(objs))
+	for _, o := range objs {
+		b = fmt.Appendf(b, "%p", any(o)) // T is a pointer type
+	}
+	if len(b) > sha256.Size {
+		sum := sha256.Sum256(b)
+		b = sum[:]
+	}
+	return objectSet[T]{objs: objs, key: string(b)}
+}
+
+// unions takes the union of slices (endpoints.Union) for the pods of one
+// transaction: once per set of listing policies, not once per pod. A pod
+// of a policy cut into 250 slices would otherwise gather, sort and key 250
+// objects on its own.
+type unions[T sliceRow] struct {
 	table   statedb.Table[T]
 	parents statedb.Index[T, string]
-	cached  map[string][]T
+	slices  map[string][]T         // parent -> its slices
+	sets    map[string]objectSet[T] // listing's policies -> their union
 }
 
-func newSlicesCache[T sliceRow](table statedb.Table[T], parents statedb.Index[T, string]) *slicesCache[T] {
-	return &slicesCache[T]{table: table, parents: parents, cached: map[string][]T{}}
+func newUnions[T sliceRow](table statedb.Table[T], parents statedb.Index[T, string]) *unions[T] {
+	return &unions[T]{table: table, parents: parents, slices: map[string][]T{}, sets: map[string]objectSet[T]{}}
 }
 
-// in returns the lister of slices for endpoints.Union in txn; the cache
-// holds until reset.
-func (s *slicesCache[T]) in(txn statedb.ReadTxn) func(parent string) []T {
-	return func(parent string) []T {
-		if out, ok := s.cached[parent]; ok {
-			return out
+// of returns the union for a pod that the objects of listing list, in
+// txn, the transaction since the last reset.
+func (u *unions[T]) of(txn statedb.ReadTxn, listing []T) objectSet[T] {
+	var b strings.Builder
+	for _, o := range listing {
+		if p := o.Parent(); p != "" {
+			b.WriteString(p)
+		} else {
+			fmt.Fprintf(&b, "%p", any(o)) // a policy of its own
 		}
-		out := statedb.Collect(s.table.List(txn, s.parents.Query(parent)))
-		s.cached[parent] = out
-		return out
+		b.WriteByte(0)
 	}
+	key := b.String()
+	if set, ok := u.sets[key]; ok {
+		return set
+	}
+	set := newObjectSet(endpoints.Union(listing, func(parent string) []T {
+		out, ok := u.slices[parent]
+		if !ok {
+			out = statedb.Collect(u.table.List(txn, u.parents.Query(parent)))
+			u.slices[parent] = out
+		}
+		return out
+	}))
+	u.sets[key] = set
+	return set
 }
 
-// reset empties the cache: a new transaction.
-func (s *slicesCache[T]) reset() { clear(s.cached) }
+// reset empties the caches: a new transaction.
+func (u *unions[T]) reset() {
+	clear(u.slices)
+	clear(u.sets)
+}

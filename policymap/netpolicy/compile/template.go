@@ -1,7 +1,6 @@
 package compile
 
 import (
-	"fmt"
 	"net/netip"
 
 	"github.com/enimasq/enimasq/bpf"
@@ -12,22 +11,23 @@ import (
 // entries) and the templates compiled for it, stamped per pod IP.
 
 // selection is what decides a pod IP's entries: its family, the objects
-// that select it (sorted by key) and the node IPs they give for it. Pods
-// with equal selections get equal entries but for the pod IP in the key.
+// that select it (sorted by key: those that list it and the other slices
+// of their policies, endpoints.Union) and the node IPs they give for it.
+// Pods with equal selections get equal entries but for the pod IP in the
+// key.
 type selection struct {
 	family bpf.Family
 	pes    []*endpoints.PolicyEndpoint
+	// pesKey identifies pes (objectSet).
+	pesKey string
 	hosts  []netip.Addr // sorted, of the family
 }
 
-// key identifies the selection while its objects are alive: the objects
-// are immutable, so their addresses stand for their contents.
+// key identifies the selection while its objects are alive.
 func (s selection) key() string {
-	b := make([]byte, 0, 1+8*len(s.pes)+17*len(s.hosts))
+	b := make([]byte, 0, 1+len(s.pesKey)+17*len(s.hosts))
 	b = append(b, byte(s.family))
-	for _, pe := range s.pes {
-		b = fmt.Appendf(b, "%p", pe)
-	}
+	b = append(b, s.pesKey...)
 	for _, h := range s.hosts {
 		b = append(b, '/')
 		b = append(b, h.AsSlice()...)
