@@ -109,7 +109,7 @@ func newObjectSet[T any](objs []T) objectSet[T] {
 type unions[T sliceRow] struct {
 	table   statedb.Table[T]
 	parents statedb.Index[T, string]
-	slices  map[string][]T         // parent -> its slices
+	slices  map[string][]T          // parent -> its slices
 	sets    map[string]objectSet[T] // listing's policies -> their union
 }
 
