@@ -10,9 +10,11 @@
 // boundary prefixes (sweep.go), the ports allowed at each boundary counted
 // per port in a segment tree (portcover.go) and their values interned
 // (values.go), into templates that every pod of the selection stamps with
-// its IP. The deriver (derive.go)
-// recompiles only the pod IPs a change lists and writes only the entries
-// whose bytes differ; large selections compile in the background, so a
+// its IP. A selection holds the objects that list the pod and the other
+// slices of their policies (endpoints.Union, taken once per transaction in
+// slices.go). The deriver (derive.go) recompiles only the pod IPs a change
+// lists, with those of every slice of a changed object's policy, and
+// writes only the entries whose bytes differ; large selections compile in the background, so a
 // small change is not held behind them. The rows (table.go) share their
 // template's entries: 80 bytes a row.
 package compile
