@@ -5,7 +5,7 @@ BIN       := bin
 GOFLAGS_T ?= -race -count=1
 SAMPLES   ?= $(abspath test/testdata/samples)
 
-.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins cilium-agent test-cilium test-unprivileged test-manifests
+.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins aws-np-controller crds cilium-agent test-cilium test-unprivileged test-manifests
 
 all: build
 
@@ -40,9 +40,24 @@ staticcheck:
 
 # kube-apiserver (k8s.io/kubernetes v1.37.2) and etcd (v3.6.16) for the tests
 # against a real API server (test/k8stest), built from the Go module proxy once and
-# cached in ~/.cache/enimasq/ (about 10 minutes the first time, then instant).
-k8s-bins:
+# cached in ~/.cache/enimasq/ (about 10 minutes the first time, then instant);
+# with them, the AWS network policy controller.
+k8s-bins: aws-np-controller
 	GO=$(GO) test/k8stest/apiserver-build/build.sh
+
+# The AWS network policy controller v1.1.10, the writer of the PolicyEndpoints
+# and ClusterPolicyEndpoints enimasq reads, for the tests that let it write
+# them (k8stest.StartController): built from the Go module proxy once (its own
+# module, test/k8stest/controller-build) and cached next to kube-apiserver
+# with its module's CRDs (a few minutes the first time, then instant).
+aws-np-controller:
+	GO=$(GO) test/k8stest/controller-build/build.sh
+
+# Copies the controller's PolicyEndpoint and ClusterPolicyEndpoint CRDs from
+# its module at the pinned version into Documentation/deploy/network-policy/crds
+# and test/k8stest/crds (a test checks they are still the module's).
+crds:
+	GO=$(GO) test/k8stest/controller-build/build.sh -crds
 
 # Privileged tests (TestPrivileged...) run when this runs as root. The tests
 # against a real API server fail instead of skipping when its binaries are

@@ -17,7 +17,9 @@ import (
 // dryRun=All, which validates, defaults and admits each object and stores
 // none. The CRDs the objects need are installed first: Start installs the
 // CiliumNode and PolicyEndpoint ones, crds/ holds the Prometheus
-// Operator's PodMonitor and PrometheusRule (v0.93.0, unchanged).
+// Operator's PodMonitor and PrometheusRule (v0.93.0, unchanged). An object
+// that is there before its dry run (the PolicyEndpoint CRD of
+// network-policy/crds, which is Start's) must come out of it unchanged.
 func TestServerSideDryRun(t *testing.T) {
 	c := k8stest.Start(t)
 	c.InstallCRDs(t, "crds")
@@ -33,6 +35,10 @@ func TestServerSideDryRun(t *testing.T) {
 	for _, dir := range dirs {
 		for _, obj := range rendered[dir] {
 			what := dir + ": " + obj.GetKind() + " " + obj.GetNamespace() + "/" + obj.GetName()
+			before, err := c.Get(ctx, obj)
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("%s: %s", what, err)
+			}
 			res, err := c.Apply(ctx, obj, k8stest.DryRun())
 			if err != nil {
 				t.Errorf("%s: server-side dry run: %s", what, err)
@@ -41,8 +47,12 @@ func TestServerSideDryRun(t *testing.T) {
 			if res.GetUID() == "" || res.GetNamespace() != obj.GetNamespace() {
 				t.Errorf("%s: the dry run answered %s/%s uid %q", what, res.GetNamespace(), res.GetName(), res.GetUID())
 			}
-			if _, err := c.Get(ctx, obj); !apierrors.IsNotFound(err) {
+			after, err := c.Get(ctx, obj)
+			switch {
+			case before == nil && !apierrors.IsNotFound(err):
 				t.Errorf("%s: the dry run stored it: %v", what, err)
+			case before != nil && (err != nil || after.GetResourceVersion() != before.GetResourceVersion()):
+				t.Errorf("%s: the dry run changed it (resourceVersion %s, now %v %v)", what, before.GetResourceVersion(), after, err)
 			}
 		}
 		t.Logf("%s: %d objects pass the API server's validation", dir, len(rendered[dir]))
