@@ -5,7 +5,11 @@
 // nobody wrote: a second document after "---", anything after the first
 // value ({"a":1} {"b":2} reads as {"a":1}), a key given twice, a field the
 // type does not have, a value of the wrong type. Every error names the
-// field, by its path (spec.egress[1].ports[0].port), and the value.
+// field, by its path (spec.egress[1].ports[0].port), and the value. The
+// one exception is the objects of an API that a newer writer extends (the
+// AWS controller's PolicyEndpoints): their unknown fields are split off by
+// SplitUnknown, for the caller to name and ignore as a Kubernetes client
+// does.
 //
 // It is built on the decoders the API server uses (sigs.k8s.io/yaml for
 // YAML, sigs.k8s.io/json for strict JSON, apimachinery's YAML reader to
