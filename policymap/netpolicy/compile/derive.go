@@ -82,7 +82,7 @@ type policyDeriver struct {
 	flow flowControl
 	// templates are the compiled selections, by selection key, kept while
 	// there is work: pods of one selection share them.
-	templates map[string][]*policyTemplate
+	templates map[string]compiled
 	// compiling are the selections being compiled in the background, by
 	// key, with the pods that wait for them.
 	compiling map[string]*backgroundCompile
@@ -107,6 +107,14 @@ type policyDeriver struct {
 type podHosts struct {
 	pe    *endpoints.PolicyEndpoint
 	hosts map[netip.Addr]endpoints.PodEndpoint
+}
+
+// compiled is a selection's templates. It holds the selection, whose
+// objects' addresses are its key: while it is kept, no other object can
+// take one of their addresses and so the key.
+type compiled struct {
+	sel       selection
+	templates []*policyTemplate
 }
 
 type backgroundCompile struct {
@@ -255,7 +263,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 	d.changed = newChangedPods(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.unions = newUnions(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.hosts = map[string]*podHosts{}
-	d.templates = map[string][]*policyTemplate{}
+	d.templates = map[string]compiled{}
 	d.compiling = map[string]*backgroundCompile{}
 	d.results = make(chan backgroundResult)
 	d.slots = make(chan struct{}, 1)
@@ -404,7 +412,7 @@ func (d *policyDeriver) finished(r backgroundResult) {
 		return
 	}
 	d.log.Debug("Compiled a large selection", "objects", bc.sel.names(), "pods", len(bc.waiting), "duration", time.Since(bc.start))
-	d.templates[r.key] = r.templates
+	d.templates[r.key] = compiled{sel: bc.sel, templates: r.templates}
 	d.queue.push(sortedAddrs(bc.waiting))
 }
 
@@ -486,7 +494,8 @@ func (d *policyDeriver) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 		return nil, true
 	}
 	key := sel.key()
-	ts, ok := d.templates[key]
+	c, ok := d.templates[key]
+	ts := c.templates
 	if !ok {
 		if bc := d.compiling[key]; bc != nil {
 			bc.waiting[pod] = struct{}{}
@@ -497,7 +506,7 @@ func (d *policyDeriver) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 			return nil, false
 		}
 		ts = compileSelection(sel)
-		d.templates[key] = ts
+		d.templates[key] = compiled{sel: sel, templates: ts}
 	}
 	for _, t := range ts {
 		desired = t.stamp(desired, pod)

@@ -120,14 +120,15 @@ func newUnions[T sliceRow](table statedb.Table[T], parents statedb.Index[T, stri
 // of returns the union for a pod that the objects of listing list, in
 // txn, the transaction since the last reset.
 func (u *unions[T]) of(txn statedb.ReadTxn, listing []T) objectSet[T] {
+	// Each part is its policy's name, length first, or the address of an
+	// object that is a policy of its own: no two sets of parts read alike.
 	var b strings.Builder
 	for _, o := range listing {
 		if p := o.Parent(); p != "" {
-			b.WriteString(p)
+			fmt.Fprintf(&b, "p%d:%s", len(p), p)
 		} else {
-			fmt.Fprintf(&b, "%p", any(o)) // a policy of its own
+			fmt.Fprintf(&b, "o%p;", any(o))
 		}
-		b.WriteByte(0)
 	}
 	key := b.String()
 	if set, ok := u.sets[key]; ok {

@@ -100,11 +100,19 @@ func (pe *PolicyEndpoint) Key() string {
 	return pe.Namespace + "/" + pe.Name
 }
 
-// Parent is the policy the object is a slice of, its PolicyRef
-// ("namespace/name"): the controller cuts a NetworkPolicy into slices, and a
-// pod that one slice lists gets the rules of all of them (slices.go). ""
-// for a stand-in whose policyRef cannot be read: a policy of its own.
-func (pe *PolicyEndpoint) Parent() string { return pe.PolicyRef }
+// Parent is the policy the object is a slice of: the controller cuts a
+// NetworkPolicy into slices, and a pod that one slice lists gets the rules
+// of all of them (slices.go). It is policyRef.name in the object's own
+// namespace, whatever policyRef.namespace says, as the AWS agent v1.5.0
+// lists the slices of a policy (derivePolicyEndpointsOfParentNP): an
+// object in another namespace never joins a policy. "" for a stand-in
+// whose policyRef cannot be read: a policy of its own.
+func (pe *PolicyEndpoint) Parent() string {
+	if pe.PolicyRef == "" {
+		return ""
+	}
+	return pe.Namespace + "/" + pe.PolicyRef[strings.LastIndexByte(pe.PolicyRef, '/')+1:]
+}
 
 // PodIPs are the pod IPs the object lists.
 func (pe *PolicyEndpoint) PodIPs() []netip.Addr {

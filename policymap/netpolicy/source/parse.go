@@ -309,6 +309,10 @@ func (v *validator) spec(path *field.Path, spec *policyEndpointSpec) {
 		ns := v.pe.Namespace
 		if spec.PolicyRef.Namespace != "" {
 			ns = v.objectName(ref.Child("namespace"), spec.PolicyRef.Namespace)
+			if ns != v.pe.Namespace {
+				v.warn(ref.Child("namespace"), "%q is not the object's namespace %q: the object is a slice of %s/%s (the slices of a policy are in its namespace)",
+					ns, v.pe.Namespace, v.pe.Namespace, spec.PolicyRef.Name)
+			}
 		}
 		v.pe.PolicyRef = ns + "/" + v.objectName(ref.Child("name"), spec.PolicyRef.Name)
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -70,7 +71,9 @@ func (u *unknownFields) note(log *slog.Logger, unknown map[string][]string) stri
 			}
 			log.Warn(u.kind+" has a field enimasq does not know: ignored, as a Kubernetes client ignores it (a newer controller's?)",
 				"object", key, "field", f)
-			u.counter.WithLabelValues(u.kind, label).Inc()
+			if c, err := u.counter.GetMetricWithLabelValues(u.kind, label); err == nil {
+				c.Inc()
+			}
 		}
 		u.seen[key] = slices.Clone(fields)
 	}
@@ -84,8 +87,11 @@ func (u *unknownFields) note(log *slog.Logger, unknown map[string][]string) stri
 	return "; fields enimasq does not know, ignored: " + strings.Join(parts, ", ")
 }
 
-// index is a list index in a field path.
-var index = regexp.MustCompile(`\[[0-9]+\]`)
+// listIndex is a list index in a field path.
+var listIndex = regexp.MustCompile(`\[[0-9]+\]`)
+
+// maxFieldLabel bounds the bytes of a field label value.
+const maxFieldLabel = 128
 
 // label is a field's label value: its path within the object, without list
 // indices (items[3].spec.ingress[2].x is spec.ingress[].x), from a bounded
@@ -96,10 +102,16 @@ func (u *unknownFields) label(field string) string {
 			field = rest
 		}
 	}
-	field = index.ReplaceAllString(field, "[]")
-	if len(field) > 128 {
-		field = field[:128]
+	field = listIndex.ReplaceAllString(field, "[]")
+	if len(field) > maxFieldLabel {
+		// Cut on a character boundary: a label value must be UTF-8.
+		cut := maxFieldLabel
+		for cut > 0 && !utf8.RuneStart(field[cut]) {
+			cut--
+		}
+		field = field[:cut]
 	}
+	field = strings.ToValidUTF8(field, "?")
 	if !u.labels[field] {
 		if len(u.labels) >= maxUnknownFieldLabels {
 			return "other"

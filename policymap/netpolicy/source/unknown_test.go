@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -100,4 +101,17 @@ func TestUnknownFieldsNamedOnce(t *testing.T) {
 	if got := u.note(log, map[string][]string{"b": nil}); got != "" {
 		t.Errorf("health text without unknown fields: %q", got)
 	}
+}
+
+// A field's label value is valid UTF-8 and bounded, however the file
+// spells the field: a label cut inside a character would make the metric
+// refuse it (and WithLabelValues panic).
+func TestUnknownFieldLabelIsUTF8(t *testing.T) {
+	u := newUnknownFields(PolicyEndpointKind, newUnknownFieldsCounter())
+	long := "spec." + strings.Repeat("a", 122) + strings.Repeat("é", 10)
+	label := u.label(long)
+	if !utf8.ValidString(label) || len(label) > maxFieldLabel {
+		t.Errorf("label %q (%d bytes)", label, len(label))
+	}
+	u.note(slog.New(slog.DiscardHandler), map[string][]string{"ns/p": {long}})
 }
