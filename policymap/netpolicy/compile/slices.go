@@ -18,22 +18,49 @@ type sliceRow interface {
 	PodIPs() []netip.Addr
 }
 
+// policyRow is a sliceRow that tells a change of its pods alone.
+type policyRow[T any] interface {
+	sliceRow
+	SamePolicy(T) bool
+	PodEntries() []endpoints.PodEndpoint
+}
+
 // changedPods follows the changes of one kind of policy object for a
 // deriver: which pod IPs a batch of changes recompiles. A policy is the
 // union of its slices (endpoints.Union), so a change of one slice
-// recompiles the pods of every slice of its policy, before and after.
-type changedPods[T sliceRow] struct {
+// recompiles the pods of every slice of its policy, before and after;
+// but a change of its pods alone (a pod comes or goes: the common change)
+// recompiles only the pods that come, go or change, as the others' entries
+// stay what they are.
+type changedPods[T policyRow[T]] struct {
 	table   statedb.Table[T]
 	parents statedb.Index[T, string]
-	// podsOf and parentOf hold, per object key, the pod IPs it listed and
-	// its policy when last seen: a change or deletion also recompiles the
-	// pods it no longer lists, and its old policy's.
-	podsOf   map[string][]netip.Addr
-	parentOf map[string]string
+	// last holds, per object key, the object when last seen: a change or
+	// deletion also recompiles the pods it no longer lists, and its old
+	// policy's.
+	last map[string]T
 }
 
-func newChangedPods[T sliceRow](table statedb.Table[T], parents statedb.Index[T, string]) *changedPods[T] {
-	return &changedPods[T]{table: table, parents: parents, podsOf: map[string][]netip.Addr{}, parentOf: map[string]string{}}
+func newChangedPods[T policyRow[T]](table statedb.Table[T], parents statedb.Index[T, string]) *changedPods[T] {
+	return &changedPods[T]{table: table, parents: parents, last: map[string]T{}}
+}
+
+// podsChanged adds to affected the pods of new that old does not list
+// alike, and those of old that new does not list.
+func podsChanged(old, new []endpoints.PodEndpoint, affected map[netip.Addr]struct{}) {
+	was := make(map[netip.Addr]endpoints.PodEndpoint, len(old))
+	for _, p := range old {
+		was[p.PodIP] = p
+	}
+	for _, p := range new {
+		if o, ok := was[p.PodIP]; !ok || o != p {
+			affected[p.PodIP] = struct{}{}
+		}
+		delete(was, p.PodIP)
+	}
+	for a := range was {
+		affected[a] = struct{}{}
+	}
 }
 
 // affected returns the pod IPs that the changes of batch list or listed,
@@ -43,31 +70,31 @@ func (c *changedPods[T]) affected(txn statedb.ReadTxn, batch func(func(statedb.C
 	affected := map[netip.Addr]struct{}{}
 	parents := map[string]struct{}{}
 	for change := range batch {
-		key := change.Object.Key()
+		key, obj := change.Object.Key(), change.Object
 		if seen != nil {
 			seen(key)
 		}
-		for _, pod := range c.podsOf[key] {
-			affected[pod] = struct{}{}
-		}
-		if p := c.parentOf[key]; p != "" {
-			parents[p] = struct{}{}
-		}
+		old, had := c.last[key]
 		if change.Deleted {
-			delete(c.podsOf, key)
-			delete(c.parentOf, key)
+			delete(c.last, key)
+		} else {
+			c.last[key] = obj
+		}
+		if had && !change.Deleted && old.SamePolicy(obj) {
+			podsChanged(old.PodEntries(), obj.PodEntries(), affected)
 			continue
 		}
-		pods := change.Object.PodIPs()
-		for _, p := range pods {
-			affected[p] = struct{}{}
+		versions := []T{obj} // a deleted object's last version
+		if had {
+			versions = append(versions, old)
 		}
-		c.podsOf[key] = pods
-		if p := change.Object.Parent(); p != "" {
-			c.parentOf[key] = p
-			parents[p] = struct{}{}
-		} else {
-			delete(c.parentOf, key)
+		for _, o := range versions {
+			for _, pod := range o.PodIPs() {
+				affected[pod] = struct{}{}
+			}
+			if p := o.Parent(); p != "" {
+				parents[p] = struct{}{}
+			}
 		}
 	}
 	for p := range parents {

@@ -95,6 +95,9 @@ func (c *ClusterPolicyEndpoint) Key() string { return c.Name }
 // whose policyRef cannot be read.
 func (c *ClusterPolicyEndpoint) Parent() string { return c.PolicyRef }
 
+// PodEntries are the pods the object lists.
+func (c *ClusterPolicyEndpoint) PodEntries() []PodEndpoint { return c.Pods }
+
 // PodIPs are the pod IPs the object lists.
 func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr {
 	out := make([]netip.Addr, len(c.Pods))
@@ -102,6 +105,12 @@ func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr {
 		out[i] = p.PodIP
 	}
 	return out
+}
+
+// SamePolicy reports whether o is c with other pods at most (see
+// PolicyEndpoint.SamePolicy).
+func (c *ClusterPolicyEndpoint) SamePolicy(o *ClusterPolicyEndpoint) bool {
+	return samePolicy(c, o, func(c *ClusterPolicyEndpoint) { c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, "" })
 }
 
 // Rules returns the rules of a direction.

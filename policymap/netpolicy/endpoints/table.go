@@ -114,6 +114,9 @@ func (pe *PolicyEndpoint) Parent() string {
 	return pe.Namespace + "/" + pe.PolicyRef[strings.LastIndexByte(pe.PolicyRef, '/')+1:]
 }
 
+// PodEntries are the pods the object lists.
+func (pe *PolicyEndpoint) PodEntries() []PodEndpoint { return pe.Pods }
+
 // PodIPs are the pod IPs the object lists.
 func (pe *PolicyEndpoint) PodIPs() []netip.Addr {
 	out := make([]netip.Addr, len(pe.Pods))
@@ -121,6 +124,12 @@ func (pe *PolicyEndpoint) PodIPs() []netip.Addr {
 		out[i] = p.PodIP
 	}
 	return out
+}
+
+// SamePolicy reports whether o is pe with other pods at most: a change
+// from one to the other recompiles only the pods that come, go or change.
+func (pe *PolicyEndpoint) SamePolicy(o *PolicyEndpoint) bool {
+	return samePolicy(pe, o, func(c *PolicyEndpoint) { c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, "" })
 }
 
 // Rules returns the rules of a direction.
