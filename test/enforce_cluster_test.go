@@ -640,11 +640,11 @@ func TestPrivilegedClusterFailsClosed(t *testing.T) {
 		})
 	}
 
-	// A new object with a field of a newer controller, naming pod b.
+	// A new object with a value that cannot be read, naming pod b.
 	bad := strings.Replace(clusterPolicyEndpoint("open-b", "Baseline", 900, []string{podB}, nil,
-		[]cpeRule{{cidr: "0.0.0.0/0", action: "Accept"}}), "  - cidr:", "  - cidrs:", 1)
+		[]cpeRule{{cidr: "0.0.0.0/0", action: "Accept"}}), `cidr: "0.0.0.0/0"`, `cidr: "0.0.0.0/33"`, 1)
 	n.write("new", bad)
-	healthSays(`new.yaml: open-b: field spec.egress[0].cidrs: unknown field \"cidrs\"`)
+	healthSays(`new.yaml: open-b: field spec.egress[0].cidr: value \"0.0.0.0/33\" is not a CIDR`)
 	n.expect(t, append(before,
 		cprobe{"b", "egress", "tcp", policyPeerIP, 80, false, "admin ClusterPolicyEndpoint/open-b"},
 		cprobe{"b", "egress", "udp", peerC2, 53, false, "admin ClusterPolicyEndpoint/open-b"},
@@ -670,7 +670,7 @@ func TestPrivilegedClusterFailsClosed(t *testing.T) {
 
 	// Valid again: healthy, and b as its object says (a Baseline Accept).
 	n.write("guard", good)
-	n.write("new", strings.Replace(bad, "  - cidrs:", "  - cidr:", 1))
+	n.write("new", strings.Replace(bad, `cidr: "0.0.0.0/33"`, `cidr: "0.0.0.0/0"`, 1))
 	n.agent.WaitHealthy()
 	n.expect(t, append(before,
 		cprobe{"b", "egress", "tcp", policyPeerIP, 80, true, "baseline ClusterPolicyEndpoint/open-b"},

@@ -6,11 +6,11 @@ import (
 	"testing"
 )
 
-// badPolicyEndpoint selects pod for egress with a field this agent does not
-// know (a field of a newer controller): the object cannot be read.
+// badPolicyEndpoint selects pod for egress with a cidr that is no CIDR: the
+// object is not valid.
 func badPolicyEndpoint(name, pod string) string {
 	return strings.Replace(policyEndpoint(name, pod, []string{"Egress"}, nil, []peRule{{cidr: "0.0.0.0/0"}}),
-		"  - cidr:", "  - cidrs:", 1)
+		`cidr: "0.0.0.0/0"`, `cidr: "0.0.0.0/33"`, 1)
 }
 
 // v150PolicyEndpoint is what the AWS controller v1.5.0 writes for an egress
@@ -30,7 +30,7 @@ func (n *policyNode) startDegradedAgent(pes map[string]string) (*Agent, string) 
 
 // TestPrivilegedNetworkPolicyFailsClosed: the agent starts on a good
 // PolicyEndpoint file (pod A: ingress from the peer on TCP 80 only) and an
-// unreadable one (pod B, Egress, an unknown field). The good one is
+// invalid one (pod B, Egress, a cidr that is no CIDR). The good one is
 // enforced as traffic, and pod B is isolated in the direction its object
 // names (egress denied, ingress open) while health is Degraded naming the
 // file, the field and the value. Then pod B's object as the AWS controller
@@ -47,7 +47,7 @@ func TestPrivilegedNetworkPolicyFailsClosed(t *testing.T) {
 	})
 	a.WaitFor("health Degraded naming b.yaml, its field and value", func() bool {
 		_, body, err := a.Get("/healthz")
-		return err == nil && strings.Contains(string(body), "b.yaml: e2e/b: field spec.egress[0].cidrs: unknown field \\\"cidrs\\\"")
+		return err == nil && strings.Contains(string(body), "b.yaml: e2e/b: field spec.egress[0].cidr: value \\\"0.0.0.0/33\\\" is not a CIDR")
 	})
 	waitAttached(a, 2)
 
