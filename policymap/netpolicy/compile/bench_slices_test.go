@@ -54,7 +54,7 @@ func BenchmarkPolicySlicedManyPods(b *testing.B) {
 	}
 	// grown is the first slice with one more pod.
 	grown := *sliced[0]
-	grown.Pods = append(slices.Clone(grown.Pods), manyPodsObject(pods+1).Pods[pods])
+	grown.Pods = append(slices.Clone(grown.Pods), manyPodsObject(pods + 1).Pods[pods])
 	derive := func(pes []*endpoints.PolicyEndpoint) (all, added time.Duration) {
 		f := startDeriver(b, nodeconfig.Config{EnableIPv4: true})
 		defer f.stop()

@@ -34,7 +34,9 @@ func compileUnion(pes ...*endpoints.PolicyEndpoint) []*PolicyMapEntry {
 func TestDeriverSlicedPolicy(t *testing.T) {
 	a, p := netip.MustParseAddr, netip.MustParsePrefix
 	host, other := a("10.255.0.1"), a("10.255.0.2")
-	pod := func(ip string, h netip.Addr) endpoints.PodEndpoint { return endpoints.PodEndpoint{PodIP: a(ip), HostIP: h} }
+	pod := func(ip string, h netip.Addr) endpoints.PodEndpoint {
+		return endpoints.PodEndpoint{PodIP: a(ip), HostIP: h}
+	}
 	slice := func(name, policy string, pods []endpoints.PodEndpoint, egress ...string) *endpoints.PolicyEndpoint {
 		pe := &endpoints.PolicyEndpoint{Namespace: "ns", Name: name, PolicyRef: "ns/" + policy, IsolatesEgress: true, Pods: pods}
 		for _, c := range egress {

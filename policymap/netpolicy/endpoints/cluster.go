@@ -110,7 +110,9 @@ func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr {
 // SamePolicy reports whether o is c with other pods at most (see
 // PolicyEndpoint.SamePolicy).
 func (c *ClusterPolicyEndpoint) SamePolicy(o *ClusterPolicyEndpoint) bool {
-	return samePolicy(c, o, func(c *ClusterPolicyEndpoint) { c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, "" })
+	return samePolicy(c, o, func(c *ClusterPolicyEndpoint) {
+		c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, ""
+	})
 }
 
 // Rules returns the rules of a direction.

@@ -170,7 +170,7 @@ func (s *policyK8sSource) updateLocked(health cell.Health, snap k8sclient.Snapsh
 	desired := onThisNode(all, func(pe *PolicyEndpoint) *PolicyEndpoint { return podsOnNode(pe, addrs) },
 		func(pe *PolicyEndpoint, pods []PodEndpoint) { pe.Pods = pods })
 	in := s.input(desired, nil)
-	in.Summary = fmt.Sprintf("%d PolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
+	in.Summary = fmt.Sprintf("%d PolicyEndpoints for the pods of this node, of %d in the API server", len(in.Rows), len(current))
 	s.Update(health, in, joinErrors(errs))
 }
 

@@ -160,7 +160,7 @@ func (s *clusterK8sSource) updateLocked(health cell.Health, snap k8sclient.Snaps
 	desired := onThisNode(all, func(cpe *ClusterPolicyEndpoint) *ClusterPolicyEndpoint { return clusterPodsOnNode(cpe, addrs) },
 		func(cpe *ClusterPolicyEndpoint, pods []PodEndpoint) { cpe.Pods = pods })
 	in := s.dir.clusterInput(desired, nil)
-	in.Summary = fmt.Sprintf("%d ClusterPolicyEndpoints with pods on this node, of %d in the API server", len(in.Rows), len(current))
+	in.Summary = fmt.Sprintf("%d ClusterPolicyEndpoints for the pods of this node, of %d in the API server", len(in.Rows), len(current))
 	if notServed {
 		in.Summary = "no ClusterPolicyEndpoints: the API server does not serve " + ClusterPolicyEndpoints.GroupResource().String() + " (its CRD is not installed)"
 	}
