@@ -20,9 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os/exec"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -31,7 +29,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -40,12 +37,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/enimasq/enimasq/cells/celltest"
+	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/policymap/netpolicy/source"
 	"github.com/enimasq/enimasq/test/k8stest"
-)
-
-var (
-	awsPolicyEndpoints        = schema.GroupVersionResource{Group: "networking.k8s.aws", Version: "v1alpha1", Resource: "policyendpoints"}
-	awsClusterPolicyEndpoints = schema.GroupVersionResource{Group: "networking.k8s.aws", Version: "v1alpha1", Resource: "clusterpolicyendpoints"}
 )
 
 // Node names of the scenario's pods (spec.nodeName).
@@ -105,14 +99,14 @@ func newAWSEnv(t *testing.T, chunkSize int) *awsEnv {
 	}
 	cluster := k8stest.Start(t)
 	e.cluster = cluster
-	e.forwardAPIServer()
+	cluster.ForwardInto(t, e.node.ns[e.node.Node])
 
-	port, err := awsFreePort()
+	addr, err := k8stest.FreeAddress()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.metrics = "http://127.0.0.1:" + port + "/metrics"
-	e.ctl = k8stest.StartController(t, cluster, chunkSize, "--metrics-bind-addr=127.0.0.1:"+port)
+	e.metrics = "http://" + addr + "/metrics"
+	e.ctl = k8stest.StartController(t, cluster, chunkSize, "--metrics-bind-addr="+addr)
 	e.writes = watchAWSWrites(t, cluster)
 
 	// The agent's ENI IPAM reads the CiliumNode of its node: one without
@@ -168,74 +162,6 @@ func (e *awsEnv) addPeerAddress(ip string) {
 
 // awsDevice is the host-side device of a pod of this node.
 func awsDevice(p *awsPod) string { return "awc" + strings.ReplaceAll(p.Name, "-", "") }
-
-// forwardAPIServer makes the API server, on the test's loopback, reachable
-// on the same address from the node netns (where the agent runs), so that
-// the kubeconfig and its certificate hold there too.
-func (e *awsEnv) forwardAPIServer() {
-	t := e.t
-	t.Helper()
-	u, err := url.Parse(e.cluster.Server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := awsListenInNS(e.node.ns[e.node.Node], u.Host)
-	if err != nil {
-		t.Fatalf("listen on %s in the node netns: %s", u.Host, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", u.Host) // from the test's netns
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(up, c); done <- struct{}{} }()
-				go func() { io.Copy(c, up); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
-}
-
-// awsListenInNS listens on addr in ns: the socket is made on a thread in that
-// netns, and stays there.
-func awsListenInNS(ns netns.NsHandle, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := netns.Set(ns); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	return r.l, r.err
-}
-
-func awsFreePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	_, port, err := net.SplitHostPort(l.Addr().String())
-	return port, err
-}
 
 // sync makes the API server (and the node) hold want: namespaces and their
 // labels, pods (a pod of this node gets its netns and device first, as a
@@ -415,12 +341,12 @@ func watchAWSWrites(t *testing.T, c *k8stest.Cluster) *awsWrites {
 		UpdateFunc: func(any, any) { note() },
 		DeleteFunc: func(any) { note() },
 	}
-	for _, gvr := range []schema.GroupVersionResource{awsPolicyEndpoints, awsClusterPolicyEndpoints} {
+	for _, gvr := range []schema.GroupVersionResource{k8sclient.PolicyEndpoints, source.ClusterPolicyEndpoints} {
 		inf := f.ForResource(gvr).Informer()
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			t.Fatal(err)
 		}
-		if gvr == awsPolicyEndpoints {
+		if gvr == k8sclient.PolicyEndpoints {
 			w.pes = inf.GetStore()
 		} else {
 			w.cpes = inf.GetStore()

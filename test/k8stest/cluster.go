@@ -141,8 +141,8 @@ func Start(t testing.TB) *Cluster {
 
 	// etcd, on two free ports; a port taken meanwhile is retried.
 	for attempt := 1; ; attempt++ {
-		client, err1 := freePort()
-		peer, err2 := freePort()
+		client, err1 := FreeAddress()
+		peer, err2 := FreeAddress()
 		if err := errors.Join(err1, err2); err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func (c *Cluster) startAPIServer(first bool) error {
 	for attempt := 1; ; attempt++ {
 		port := ""
 		if first {
-			addr, err := freePort()
+			addr, err := FreeAddress()
 			if err != nil {
 				return err
 			}

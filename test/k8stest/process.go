@@ -14,8 +14,9 @@ import (
 
 // The processes of the cluster (etcd, kube-apiserver): started, waited for, stopped, their logs kept.
 
-// freePort returns 127.0.0.1:PORT with a port that was free a moment ago.
-func freePort() (string, error) {
+// FreeAddress returns 127.0.0.1:PORT with a port that was free a moment
+// ago.
+func FreeAddress() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err

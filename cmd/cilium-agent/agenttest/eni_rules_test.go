@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -153,7 +154,12 @@ func newEnv(t testing.TB) *env {
 		e.cluster.InstallCRDs(t, filepath.Join(mod, "pkg", "k8s", "apis", "cilium.io", "client", "crds", v))
 	}
 	e.node = newNode(t)
-	e.node.forwardAPIServer(t, e.cluster.Server)
+	ns, err := netns.GetFromName(e.node.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	e.cluster.ForwardInto(t, ns)
 	e.cluster.MustApply(t, objects()...)
 	e.libDir = filepath.Join(t.TempDir(), "lib")
 	copyTree(t, filepath.Join(mod, "bpf"), filepath.Join(e.libDir, "bpf"))

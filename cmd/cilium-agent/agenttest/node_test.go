@@ -5,14 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/enimasq/enimasq/test/k8stest"
 )
 
 // The simulated EC2 instance: a node network namespace whose ENIs are veths
@@ -173,74 +172,12 @@ func newNode(t testing.TB) *node {
 	return n
 }
 
-// listenIn listens on addr in the network namespace ns: the socket is made
-// on a thread in ns and stays there.
-func listenIn(ns netns.NsHandle, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := netns.Set(ns); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	return r.l, r.err
-}
-
-// forwardAPIServer makes the API server, which listens on the machine's
-// loopback, reachable on the same address from the node namespace, so that
-// the agent's kubeconfig (and its certificate) hold there too.
-func (n *node) forwardAPIServer(t testing.TB, server string) {
-	t.Helper()
-	u, err := url.Parse(server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	l, err := listenIn(ns, u.Host)
-	if err != nil {
-		t.Fatalf("listen on %s in the node namespace: %s", u.Host, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", u.Host) // from the test's namespace
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(up, c); done <- struct{}{} }()
-				go func() { io.Copy(c, up); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
-}
-
 // serveMetadata serves the instance metadata (IMDSv2) on
 // 169.254.169.254:80 in the vpc namespace: the listening socket is made on
 // a thread in that namespace and stays there.
 func (n *node) serveMetadata(t testing.TB, ns netns.NsHandle) {
 	t.Helper()
-	l, err := listenIn(ns, imdsAddr+":80")
+	l, err := k8stest.ListenIn(ns, imdsAddr+":80")
 	if err != nil {
 		t.Fatalf("metadata service: %s", err)
 	}
