@@ -59,6 +59,23 @@ type Ops[E Entry] struct {
 	mu    sync.Mutex                     // serializes SetMap
 	maps  atomic.Pointer[map[string]Map] // copy-on-write, read lock-free
 	spill spillState
+	keep  atomic.Pointer[KeepFunc]
+}
+
+// KeepFunc is asked, at the start of each prune, for the function that
+// says which keys no desired object holds are to be kept all the same
+// (keys the kernel still uses: SetKeep). The maps are pruned in order,
+// spill maps last.
+type KeepFunc func() func(mapName string, key []byte) bool
+
+// SetKeep sets the keys a prune keeps though no desired object holds them
+// (nil: none).
+func (o *Ops[E]) SetKeep(k KeepFunc) {
+	if k == nil {
+		o.keep.Store(nil)
+		return
+	}
+	o.keep.Store(&k)
 }
 
 var _ ReconcilerOps[Entry] = (*Ops[Entry])(nil)
@@ -92,6 +109,9 @@ func (o *Ops[E]) SetMap(name string, m Map) {
 		next[name] = m
 	}
 	o.maps.Store(&next)
+	if o.isSpillMap(name) {
+		o.recountSpill(name, m) // count the chunks it holds (count.go)
+	}
 }
 
 func (o *Ops[E]) snapshot() map[string]Map {

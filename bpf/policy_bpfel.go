@@ -38,7 +38,8 @@ type policyCtKey struct {
 	PeerPort uint16
 	Protocol uint8
 	Family   uint8
-	Pad      [2]uint8
+	Echo     uint8
+	Pad      uint8
 	Ifindex  uint32
 }
 
@@ -67,10 +68,16 @@ type policyPodKey struct {
 	Addr   [16]uint8
 }
 
+type policyPodVersion struct {
+	_       structs.HostLayout
+	Version [2]uint32
+}
+
 type policyPolicyV4Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Pod       [4]uint8
+	Version   uint32
 	Peer      [4]uint8
 }
 
@@ -78,6 +85,7 @@ type policyPolicyV6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Pod       [16]uint8
+	Version   uint32
 	Peer      [16]uint8
 }
 
@@ -115,6 +123,7 @@ const (
 	policyMapEnimasqPolicyMode       = "enimasq_policy_mode"
 	policyMapEnimasqPolicyPods       = "enimasq_policy_pods"
 	policyMapEnimasqPolicyVerdicts   = "enimasq_policy_verdicts"
+	policyMapEnimasqPolicyVersions   = "enimasq_policy_versions"
 	policyProgPolicyEgress           = "policy_egress"
 	policyProgPolicyIngress          = "policy_ingress"
 )
@@ -185,6 +194,7 @@ type policyMapSpecs struct {
 	EnimasqPolicyMode       *ebpf.MapSpec `ebpf:"enimasq_policy_mode"`
 	EnimasqPolicyPods       *ebpf.MapSpec `ebpf:"enimasq_policy_pods"`
 	EnimasqPolicyVerdicts   *ebpf.MapSpec `ebpf:"enimasq_policy_verdicts"`
+	EnimasqPolicyVersions   *ebpf.MapSpec `ebpf:"enimasq_policy_versions"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -229,6 +239,7 @@ type policyMaps struct {
 	EnimasqPolicyMode       *ebpf.Map `ebpf:"enimasq_policy_mode"`
 	EnimasqPolicyPods       *ebpf.Map `ebpf:"enimasq_policy_pods"`
 	EnimasqPolicyVerdicts   *ebpf.Map `ebpf:"enimasq_policy_verdicts"`
+	EnimasqPolicyVersions   *ebpf.Map `ebpf:"enimasq_policy_versions"`
 }
 
 func (m *policyMaps) Close() error {
@@ -249,6 +260,7 @@ func (m *policyMaps) Close() error {
 		m.EnimasqPolicyMode,
 		m.EnimasqPolicyPods,
 		m.EnimasqPolicyVerdicts,
+		m.EnimasqPolicyVersions,
 	)
 }
 

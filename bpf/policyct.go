@@ -192,8 +192,9 @@ func PolicyConnections(m *ebpf.Map) (int, error) {
 }
 
 // PolicyCTKeySize is struct ct_key of c/policy.c: {u8 pod[16]; u8
-// peer[16]; u16 pod_port; u16 peer_port; u8 protocol; u8 family; u8 pad[2];
-// u32 ifindex}.
+// peer[16]; u16 pod_port; u16 peer_port; u8 protocol; u8 family; u8 echo;
+// u8 pad; u32 ifindex}. echo is, for an ICMP echo, the pod's direction its
+// requests take (1 egress, 2 ingress, as Direction), 0 for other protocols.
 const PolicyCTKeySize = 44
 
 // PolicyConnection is a tracked connection as its key names it.
@@ -203,12 +204,20 @@ type PolicyConnection struct {
 	Pod      netip.Addr
 	Peer     netip.Addr
 	Protocol uint8
+	// PodPort and PeerPort are the ports; for an ICMP echo both are its
+	// identifier.
 	PodPort  uint16
 	PeerPort uint16
+	// EchoRequests is, for an ICMP echo, the pod's direction its requests
+	// take: Egress (the pod asks, the peer's replies pass) or Ingress (the
+	// peer asks, the pod's replies pass); 0 for other protocols. The
+	// programs pass as tracked only the replies going the other way.
+	EchoRequests Direction
 }
 
 // ParsePolicyCTKey decodes a key of the connection-tracking map; false for
-// a key of another size or family (another version's layout).
+// a key of another size, family or echo direction (another version's
+// layout).
 func ParsePolicyCTKey(k []byte) (PolicyConnection, bool) {
 	if len(k) != PolicyCTKeySize {
 		return PolicyConnection{}, false
@@ -218,6 +227,13 @@ func ParsePolicyCTKey(k []byte) (PolicyConnection, bool) {
 		PeerPort: binary.NativeEndian.Uint16(k[34:]),
 		Protocol: k[36],
 		Ifindex:  binary.NativeEndian.Uint32(k[40:]),
+	}
+	switch Direction(k[38]) {
+	case 0:
+	case Egress, Ingress:
+		c.EchoRequests = Direction(k[38])
+	default:
+		return PolicyConnection{}, false
 	}
 	switch k[37] {
 	case 4:
@@ -234,33 +250,21 @@ func ParsePolicyCTKey(k []byte) (PolicyConnection, bool) {
 // names (a pod's device gone, a pod IP released: a new pod on the IP, or
 // on a reused ifindex, must start with none of them) and returns how many
 // went. Keys are collected first, then deleted: deleting while iterating a
-// hash map can skip keys.
+// hash map can skip keys. Both go in batches (BPF_MAP_LOOKUP_BATCH,
+// BPF_MAP_DELETE_BATCH; key by key where the kernel has none): a walk of
+// 512k connections is a few hundred syscalls. Forgetting for many pods or
+// devices at once is one walk with a forget that names them all.
 func ForgetPolicyConnections(m *ebpf.Map, forget func(PolicyConnection) bool) (int, error) {
-	var (
-		stale [][]byte
-		key   = make([]byte, m.KeySize())
-	)
-	var cursor any
-	for range m.MaxEntries() + 1 {
-		if err := m.NextKey(cursor, key); err != nil {
-			if !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return 0, fmt.Errorf("list %s: %w", PolicyCTMapName, err)
-			}
-			break
-		}
+	var stale [][]byte
+	err := policyCTKeys(m, func(key []byte) {
 		if c, ok := ParsePolicyCTKey(key); !ok || forget(c) {
-			stale = append(stale, slices.Clone(key))
+			stale = append(stale, key)
 		}
-		cursor = slices.Clone(key)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", PolicyCTMapName, err)
 	}
-	n := 0
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, fmt.Errorf("delete from %s: %w", PolicyCTMapName, err)
-		}
-		n++
-	}
-	return n, nil
+	return deletePolicyCTKeys(m, stale)
 }
 
 // icmpEcho is an ICMP (ICMPv6) echo request header with identifier id.

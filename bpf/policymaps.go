@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,9 +56,13 @@ const (
 	// PolicyDefaultMaxEntries is the default size of each policy map.
 	PolicyDefaultMaxEntries = 65536
 
-	// PolicyKeySizeV4 and PolicyKeySizeV6 are {u32 prefixlen; pod; peer}.
-	PolicyKeySizeV4 = PrefixLenSize + 4 + 4
-	PolicyKeySizeV6 = PrefixLenSize + 16 + 16
+	// PolicyKeySizeV4 and PolicyKeySizeV6 are {u32 prefixlen; pod; u32
+	// version; peer}.
+	PolicyKeySizeV4 = PrefixLenSize + 4 + PolicyVersionSize + 4
+	PolicyKeySizeV6 = PrefixLenSize + 16 + PolicyVersionSize + 16
+
+	// PolicyVersionSize is the size of a key's version (host order).
+	PolicyVersionSize = 4
 
 	// The cluster maps, from ClusterPolicyEndpoints: the same keys and
 	// values as the NetworkPolicy maps.
@@ -157,18 +162,28 @@ func FamilyOf(a netip.Addr) Family {
 }
 
 // EncodePolicyKey returns the kernel bytes of the policy-map key of a pod and
-// a peer prefix: {u32 prefixlen = pod bits + peer bits (host order); pod
-// address; peer address, host bits cleared (network order)}.
+// a peer prefix at version 0 (a pod without an entry in
+// enimasq_policy_versions; the agent writes versions from 1): see
+// AppendPolicyKeyVersion.
+func EncodePolicyKey(pod netip.Addr, peer netip.Prefix) ([]byte, error) {
+	return AppendPolicyKeyVersion(nil, pod, 0, peer)
+}
+
+// AppendPolicyKey appends the kernel bytes of the key of pod and peer at
+// version 0 to b (see AppendPolicyKeyVersion).
+func AppendPolicyKey(b []byte, pod netip.Addr, peer netip.Prefix) ([]byte, error) {
+	return AppendPolicyKeyVersion(b, pod, 0, peer)
+}
+
+// AppendPolicyKeyVersion appends the kernel bytes of the policy-map key of
+// a pod, a version of its policy and a peer prefix to b: {u32 prefixlen =
+// pod bits + 32 + peer bits (host order); pod address (network order); u32
+// version (host order); peer address, host bits cleared (network order)}.
+// On error b is returned unchanged.
 //
 // Pod and peer must be of the same family as written: an IPv6 peer never
 // becomes an IPv4 key, and an IPv4-mapped IPv6 address is IPv6.
-func EncodePolicyKey(pod netip.Addr, peer netip.Prefix) ([]byte, error) {
-	return AppendPolicyKey(nil, pod, peer)
-}
-
-// AppendPolicyKey appends the kernel bytes of the key of pod and peer to b
-// (see EncodePolicyKey). On error b is returned unchanged.
-func AppendPolicyKey(b []byte, pod netip.Addr, peer netip.Prefix) ([]byte, error) {
+func AppendPolicyKeyVersion(b []byte, pod netip.Addr, version uint32, peer netip.Prefix) ([]byte, error) {
 	switch {
 	case !pod.IsValid():
 		return b, fmt.Errorf("policy key for peer %s: invalid pod address", peer)
@@ -180,19 +195,30 @@ func AppendPolicyKey(b []byte, pod netip.Addr, peer netip.Prefix) ([]byte, error
 		return b, fmt.Errorf("policy key for pod %s, peer %s: %s pod with an %s peer: %w",
 			pod, peer, FamilyOf(pod), FamilyOf(peer.Addr()), ErrWrongFamily)
 	}
-	b = binary.NativeEndian.AppendUint32(b, uint32(pod.BitLen()+peer.Bits()))
+	b = binary.NativeEndian.AppendUint32(b, uint32(pod.BitLen()+8*PolicyVersionSize+peer.Bits()))
 	if pod.Is4() {
 		p4, q4 := pod.As4(), peer.Masked().Addr().As4()
-		return append(append(b, p4[:]...), q4[:]...), nil
+		b = append(b, p4[:]...)
+		b = binary.NativeEndian.AppendUint32(b, version)
+		return append(b, q4[:]...), nil
 	}
 	p16, q16 := pod.As16(), peer.Masked().Addr().As16()
-	return append(append(b, p16[:]...), q16[:]...), nil
+	b = append(b, p16[:]...)
+	b = binary.NativeEndian.AppendUint32(b, version)
+	return append(b, q16[:]...), nil
 }
 
 // UnmarshalPolicyKey decodes the kernel bytes of a policy-map key of the
-// given family. The prefix length must cover the whole pod address and at
-// most the peer's.
+// given family, its version aside.
 func UnmarshalPolicyKey(f Family, b []byte) (pod netip.Addr, peer netip.Prefix, err error) {
+	pod, _, peer, err = UnmarshalPolicyKeyVersion(f, b)
+	return pod, peer, err
+}
+
+// UnmarshalPolicyKeyVersion decodes the kernel bytes of a policy-map key
+// of the given family. The prefix length must cover the whole pod address
+// and version and at most the peer's.
+func UnmarshalPolicyKeyVersion(f Family, b []byte) (pod netip.Addr, version uint32, peer netip.Prefix, err error) {
 	var addrLen int
 	switch f {
 	case IPv4:
@@ -200,20 +226,39 @@ func UnmarshalPolicyKey(f Family, b []byte) (pod netip.Addr, peer netip.Prefix, 
 	case IPv6:
 		addrLen = 16
 	default:
-		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("policy key %x: unknown family %s", b, f)
+		return netip.Addr{}, 0, netip.Prefix{}, fmt.Errorf("policy key %x: unknown family %s", b, f)
 	}
-	if len(b) != PrefixLenSize+2*addrLen {
-		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: %d bytes, want %d", f, b, len(b), PrefixLenSize+2*addrLen)
+	if want := PrefixLenSize + 2*addrLen + PolicyVersionSize; len(b) != want {
+		return netip.Addr{}, 0, netip.Prefix{}, fmt.Errorf("%s policy key %x: %d bytes, want %d", f, b, len(b), want)
 	}
 	bits := int(binary.NativeEndian.Uint32(b))
-	podBits := addrLen * 8
-	if bits < podBits || bits > 2*podBits {
-		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%s policy key %x: prefix length %d outside %d..%d", f, b, bits, podBits, 2*podBits)
+	fixed := addrLen*8 + 8*PolicyVersionSize
+	if bits < fixed || bits > fixed+addrLen*8 {
+		return netip.Addr{}, 0, netip.Prefix{}, fmt.Errorf("%s policy key %x: prefix length %d outside %d..%d", f, b, bits, fixed, fixed+addrLen*8)
 	}
-	podBytes, peerBytes := b[PrefixLenSize:PrefixLenSize+addrLen], b[PrefixLenSize+addrLen:]
-	pod, _ = netip.AddrFromSlice(podBytes)
-	peerAddr, _ := netip.AddrFromSlice(peerBytes)
-	return pod, netip.PrefixFrom(peerAddr, bits-podBits).Masked(), nil
+	b = b[PrefixLenSize:]
+	pod, _ = netip.AddrFromSlice(b[:addrLen])
+	version = binary.NativeEndian.Uint32(b[addrLen:])
+	peerAddr, _ := netip.AddrFromSlice(b[addrLen+PolicyVersionSize:])
+	return pod, version, netip.PrefixFrom(peerAddr, bits-fixed).Masked(), nil
+}
+
+// PolicyKeyVersionless clears the version of a policy-map key of either
+// family (for matching keys whatever their version); other keys are
+// returned as they are.
+func PolicyKeyVersionless(key []byte) []byte {
+	var addrLen int
+	switch len(key) {
+	case PolicyKeySizeV4:
+		addrLen = 4
+	case PolicyKeySizeV6:
+		addrLen = 16
+	default:
+		return key
+	}
+	out := slices.Clone(key)
+	clear(out[PrefixLenSize+addrLen : PrefixLenSize+addrLen+PolicyVersionSize])
+	return out
 }
 
 // PortEntry is one allow entry of a policy value.

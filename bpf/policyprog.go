@@ -245,7 +245,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 // PolicyProgramMapNames are the maps the programs use: the policy and
 // cluster maps, their chunk maps, and the state maps.
 func PolicyProgramMapNames() []string {
-	names := slices.Concat(PolicyMapNames, ClusterMapNames, []string{PolicyChunksMapName, ClusterChunksMapName})
+	names := slices.Concat(PolicyMapNames, ClusterMapNames, []string{PolicyChunksMapName, ClusterChunksMapName, PolicyVersionsMapName})
 	return append(names, policyStateMapNames...)
 }
 

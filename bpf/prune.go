@@ -55,6 +55,10 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 	// chunks. After the prune a chunk written before may be gone.
 	defer o.forgetSpills()
 
+	keep := func(string, []byte) bool { return false }
+	if k := o.keep.Load(); k != nil {
+		keep = (*k)()
+	}
 	var errs []error
 	names := slices.SortedFunc(maps.Keys(open), func(a, b string) int {
 		if sa, sb := o.isSpillMap(a), o.isSpillMap(b); sa != sb {
@@ -70,14 +74,14 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 			errs = append(errs, fmt.Errorf("prune %s: %w", name, err))
 			break
 		}
-		if err := pruneMap(ctx, name, open[name], desired[name], !o.isSpillMap(name)); err != nil {
+		if err := pruneMap(ctx, name, open[name], desired[name], !o.isSpillMap(name), keep); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct{}, lpm bool) error {
+func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct{}, lpm bool, keep func(string, []byte) bool) error {
 	keys, err := listKeys(m)
 	if err != nil {
 		return fmt.Errorf("prune %s: %w", name, err)
@@ -89,7 +93,7 @@ func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct
 		if lpm {
 			CanonicalizeLPMKey(key)
 		}
-		if _, ok := desired[string(key)]; ok {
+		if _, ok := desired[string(key)]; ok || keep(name, key) {
 			continue
 		}
 		keys.set(stale, key)

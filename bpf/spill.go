@@ -28,6 +28,7 @@ type spillState struct {
 	mu      sync.Mutex
 	maps    map[string]bool
 	written map[string]struct{}
+	held    map[string]*spillHeld // the keys each open spill map holds (count.go)
 }
 
 // SetSpillMap declares name a spill map: Prune compares its keys as they
@@ -48,11 +49,12 @@ func (o *Ops[E]) isSpillMap(name string) bool {
 }
 
 // forgetSpills forgets which spill keys were written: after a prune, a
-// key may be gone.
+// key may be gone. The keys the spill maps hold are counted again.
 func (o *Ops[E]) forgetSpills() {
 	o.spill.mu.Lock()
-	defer o.spill.mu.Unlock()
 	o.spill.written = nil
+	o.spill.mu.Unlock()
+	o.recountSpills()
 }
 
 // writeSpill writes the spill entries of e (if it is a Spiller) that were
@@ -90,6 +92,7 @@ func (o *Ops[E]) writeSpill(e E) error {
 			o.spill.written = map[string]struct{}{}
 		}
 		o.spill.written[id] = struct{}{}
+		o.holdSpill(name, se.Key)
 		o.spill.mu.Unlock()
 	}
 	return nil

@@ -6,7 +6,8 @@
 // CIDRs live in a table that consumers (the policy-map cell, the ENI IPAM
 // allocator) watch instead of a racy getter; a bad file never removes the
 // CIDRs in force and shows in module health until a good file arrives; the
-// config directory may be missing at start (Cilium exits); a file rewritten
+// config directory may be missing at start (Cilium exits); a zero-byte file
+// gives the defaults of a missing one, as in Cilium; a file rewritten
 // in place is applied once it has been stable for SettleTime, never in its
 // half-written states, while renames and ConfigMap ..data swaps are applied
 // at once (cells/filewatch, on inotify); and the file is re-read

@@ -63,16 +63,85 @@ func fileOf(prefixes []netip.Prefix) string {
 // agent is the ip-masq-agent cells and the ipmasq map cells in a hive.
 type agent struct {
 	path    string
+	replace replacer
 	bpfRoot string
 	db      *statedb.DB
 	entries statedb.Table[*masqmap.Entry]
 }
 
-func startAgent(b *testing.B, content string) *agent {
+// replacer replaces the file whole, as editors and the kubelet do.
+type replacer interface {
+	write(b *testing.B, content string)
+}
+
+// renamer is an editor's or a careful writer's save: a temporary file
+// renamed over the file.
+type renamer struct{ path string }
+
+func (r renamer) write(b *testing.B, content string) { celltest.WriteFileAtomic(b, r.path, content) }
+
+// kubelet is a ConfigMap mount updated as the kubelet's atomic writer
+// does: the file is a symlink to ..data/<file>; an update writes a new
+// timestamped directory, renames a new ..data symlink over the old one and
+// removes the old directory.
+type kubelet struct {
+	dir, file string
+	n         int
+}
+
+func (k *kubelet) write(b *testing.B, content string) {
+	k.n++
+	ts := fmt.Sprintf("..2026_12_05_00_00_%02d.%d", k.n%60, k.n)
+	if err := os.Mkdir(filepath.Join(k.dir, ts), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(k.dir, ts, k.file), []byte(content), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	old, _ := os.Readlink(filepath.Join(k.dir, "..data"))
+	if err := os.Symlink(ts, filepath.Join(k.dir, "..data_tmp")); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(k.dir, "..data_tmp"), filepath.Join(k.dir, "..data")); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(k.dir, k.file)); err != nil {
+		if err := os.Symlink(filepath.Join("..data", k.file), filepath.Join(k.dir, k.file)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(k.dir, old))
+	}
+}
+
+// replacers are the two ways of replacing the file, by sub-benchmark name.
+func replacers(path string) []struct {
+	name string
+	r    replacer
+} {
+	return []struct {
+		name string
+		r    replacer
+	}{
+		{"rename", renamer{path}},
+		{"configmap", &kubelet{dir: filepath.Dir(path), file: filepath.Base(path)}},
+	}
+}
+
+// startAgentWith starts the agent on a file that how ("rename" or
+// "configmap") writes; a.replace replaces it the same way.
+func startAgentWith(b *testing.B, content, how string) *agent {
 	b.Helper()
 	bpfRoot := celltest.MountBPFFS(b)
 	a := &agent{path: filepath.Join(b.TempDir(), "config", "ip-masq-agent"), bpfRoot: bpfRoot}
-	celltest.WriteFileAtomic(b, a.path, content)
+	os.MkdirAll(filepath.Dir(a.path), 0o755)
+	for _, r := range replacers(a.path) {
+		if r.name == how {
+			a.replace = r.r
+		}
+	}
+	a.replace.write(b, content)
 	h := infra.New(infra.Core, infra.NodeConfigCell, ipmasq.Cell, policymap.Module(masqmap.Cell),
 		cell.Invoke(func(db *statedb.DB, t statedb.Table[*masqmap.Entry]) { a.db, a.entries = db, t }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
@@ -228,13 +297,21 @@ func bulkRefresh(b *testing.B, m *ebpf.Map, desired [][]byte) {
 }
 
 // BenchmarkEditFileToMap16383: one CIDR added to a file of 16383 CIDRs,
-// from the file's rename until the new entry is in cilium_ipmasq_v4.
-// x-faster-than-bulk-refresh is the peer's time for the same change over
-// ours; ms/op is ours.
+// from the file's replacement (rename: a temporary file renamed over it, as
+// editors and mv do; configmap: the kubelet's ..data swap) until the new
+// entry is in cilium_ipmasq_v4. x-faster-than-bulk-refresh is the peer's
+// time for the same change over ours (target: at least 4); edit-ms is ours
+// (target: under 20 ms).
 func BenchmarkEditFileToMap16383(b *testing.B) {
+	for _, r := range replacers("x") {
+		b.Run(r.name, func(b *testing.B) { benchEdit(b, r.name) })
+	}
+}
+
+func benchEdit(b *testing.B, how string) {
 	base := benchPrefixes(ipmasq.MaxCIDRsPerFamily - 2)
 	edited := append(append([]netip.Prefix{}, base...), extraCIDR)
-	a := startAgent(b, fileOf(base))
+	a := startAgentWith(b, fileOf(base), how)
 	all := append(append([]netip.Prefix{}, base...), ipmasq.LinkLocalV4)
 	a.waitDone(b, all, false)
 
@@ -251,7 +328,7 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 	for range b.N {
 		runtime.GC()
 		start := time.Now()
-		celltest.WriteFileAtomic(b, a.path, editedFile)
+		a.replace.write(b, editedFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, false)
 		ours += time.Since(start)
 
@@ -261,7 +338,7 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 		peerTime += time.Since(start)
 
 		// Back to the base, untimed, on both.
-		celltest.WriteFileAtomic(b, a.path, baseFile)
+		a.replace.write(b, baseFile)
 		a.waitDone(b, []netip.Prefix{extraCIDR}, true)
 		bulkRefresh(b, peer, baseKeys)
 	}
@@ -271,13 +348,20 @@ func BenchmarkEditFileToMap16383(b *testing.B) {
 	b.ReportMetric(float64(peerTime)/float64(ours), "x-faster-than-bulk-refresh")
 }
 
-// BenchmarkFullLoadFileToMap16383: a file of 16383 CIDRs written over one
-// of none, until all 16384 entries (link-local included) are in
-// cilium_ipmasq_v4; x-floor is over one raw BatchUpdate of the same keys.
+// BenchmarkFullLoadFileToMap16383: a file of 16383 CIDRs replaced over one
+// of none (rename, configmap: as BenchmarkEditFileToMap16383), until all
+// 16384 entries (link-local included) are in cilium_ipmasq_v4; x-floor is
+// over one raw BatchUpdate of the same keys (target: at most 8).
 func BenchmarkFullLoadFileToMap16383(b *testing.B) {
+	for _, r := range replacers("x") {
+		b.Run(r.name, func(b *testing.B) { benchFullLoad(b, r.name) })
+	}
+}
+
+func benchFullLoad(b *testing.B, how string) {
 	prefixes := benchPrefixes(ipmasq.MaxCIDRsPerFamily - 1)
 	empty := "nonMasqueradeCIDRs: []\n"
-	a := startAgent(b, empty)
+	a := startAgentWith(b, empty, how)
 	a.waitDone(b, []netip.Prefix{ipmasq.LinkLocalV4}, false)
 	keys := keysOf(b, append(append([]netip.Prefix{}, prefixes...), ipmasq.LinkLocalV4))
 	full := fileOf(prefixes)
@@ -290,11 +374,11 @@ func BenchmarkFullLoadFileToMap16383(b *testing.B) {
 
 		runtime.GC()
 		start := time.Now()
-		celltest.WriteFileAtomic(b, a.path, full)
+		a.replace.write(b, full)
 		a.waitDone(b, prefixes, false)
 		ours += time.Since(start)
 
-		celltest.WriteFileAtomic(b, a.path, empty)
+		a.replace.write(b, empty)
 		a.waitDone(b, prefixes, true)
 		a.waitMapLen(b, 1) // the deletes done before the next load
 	}

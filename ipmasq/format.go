@@ -55,17 +55,17 @@ func FromMissingFile(path string) Desired {
 	return d
 }
 
-// Parse decodes and validates a config file. A zero-length file is a file
-// without fields, as one with only comments: no CIDRs but link-local (Cilium
-// gives it the defaults of a missing file; the source reads a file written
-// in place only once it is stable, so an empty file is one left empty).
+// Parse decodes and validates a config file. A zero-length file gives the
+// defaults of a missing file (the reserved IPv4 ranges and link-local), as
+// in Cilium and kubernetes-sigs/ip-masq-agent; a file with only comments, or
+// without nonMasqueradeCIDRs, is a file without CIDRs (link-local only), as
+// in Cilium. The source reads a file written in place only once it is
+// stable, so the empty moment of a rewrite is never read as the defaults.
 // Errors name the file, the field and the value.
 func Parse(path string, data []byte) (Desired, error) {
 	if len(data) == 0 {
-		d := fromFile(File{}, false)
-		d.Warnings = []string{"the file is empty: only link-local traffic is exempt from masquerading " +
-			"(Cilium would use the reserved-range defaults; delete the file to get them)"}
-		d.Summary = fmt.Sprintf("%s is empty: %d CIDRs", path, len(d.CIDRs))
+		d := fromFile(File{}, true)
+		d.Summary = fmt.Sprintf("%s is empty: %d default CIDRs", path, len(d.CIDRs))
 		return d, nil
 	}
 	if len(data) > MaxFileSize {
@@ -195,7 +195,7 @@ func validate(f File) (Desired, error) {
 	}
 	if len(f.NonMasqueradeCIDRs) == 0 {
 		warnings = append(warnings, "nonMasqueradeCIDRs is empty: only link-local traffic is exempt from masquerading "+
-			"(Cilium behaves the same; delete the file to get the reserved-range defaults)")
+			"(Cilium behaves the same; a missing or zero-byte file gives the reserved-range defaults)")
 	}
 	d.Warnings = append(warnings, d.Warnings...)
 
@@ -220,7 +220,7 @@ func validate(f File) (Desired, error) {
 }
 
 // fromFile is the set for a file without CIDRs to validate: the defaults
-// when useDefaults (missing file), plus link-local.
+// when useDefaults (a missing or zero-byte file), plus link-local.
 func fromFile(f File, useDefaults bool) Desired {
 	d := fromCIDRs(nil, f)
 	if useDefaults {

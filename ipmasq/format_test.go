@@ -79,7 +79,7 @@ func TestParseSemantics(t *testing.T) {
 		want       []string
 		warning    string
 	}{
-		{"zero bytes is a file without fields, not a missing one", "", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "the file is empty"},
+		{"comments only is a file without fields (Cilium)", "# nothing yet\n", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "is empty"},
 		{"empty list", "nonMasqueradeCIDRs: []", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "nonMasqueradeCIDRs is empty"},
 		{"null list", "nonMasqueradeCIDRs: null\nmasqLinkLocal: null", []string{"169.254.0.0/16 link-local", "fe80::/10 link-local"}, "is empty"},
 		{"no link-local", "{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: true, masqLinkLocalIPv6: true}", []string{"10.0.0.0/8 config"}, ""},
@@ -113,7 +113,39 @@ func TestParseSemantics(t *testing.T) {
 	}
 }
 
-// A missing file, unlike an empty one, gives the reserved ranges.
+// The peers' own cases of a zero-byte file: Cilium (pkg/ipmasq,
+// readConfig: `len(raw) == 0` is an empty config, given the default
+// non-masquerade CIDRs and link-local) and kubernetes-sigs/ip-masq-agent
+// (syncConfig: the defaults, overwritten only by the fields a file has):
+// a zero-byte file gives what a missing file gives, and masqLinkLocal
+// keeps its default (false: link-local exempt).
+func TestPeerCasesZeroByteFileGivesTheDefaults(t *testing.T) {
+	missing := FromMissingFile("f").CIDRs
+	for _, tc := range []struct{ name, peer string }{
+		{"Cilium: an empty config file adds the default non-masquerade CIDRs", "cilium"},
+		{"kubernetes-sigs: an empty file keeps the default config", "kubernetes-sigs"},
+		{"Cilium and kubernetes-sigs: an empty file exempts link-local (masqLinkLocal false)", "both"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := Parse("/etc/config/ip-masq-agent", []byte{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(d.CIDRs, missing) {
+				t.Errorf("rows\n got %v\nwant %v (the file missing)", d.CIDRs, missing)
+			}
+			if tc.peer == "both" && (!slices.ContainsFunc(d.CIDRs, func(c CIDR) bool { return c.Prefix == LinkLocalV4 }) ||
+				!slices.ContainsFunc(d.CIDRs, func(c CIDR) bool { return c.Prefix == LinkLocalV6 })) {
+				t.Errorf("link-local not exempt: %v", d.CIDRs)
+			}
+			if len(d.Warnings) > 0 || !strings.Contains(d.Summary, "13 default CIDRs") {
+				t.Errorf("warnings %q, summary %q", d.Warnings, d.Summary)
+			}
+		})
+	}
+}
+
+// A missing file gives the reserved ranges.
 func TestMissingFileGivesTheDefaults(t *testing.T) {
 	var got []string
 	for _, c := range FromMissingFile("f").CIDRs {
@@ -165,8 +197,8 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := Parse("fuzz", data)
-		if err != nil {
-			return
+		if err != nil || len(data) == 0 {
+			return // zero bytes: the defaults, which Encode does not write
 		}
 		out, err := Encode(d)
 		if err != nil {

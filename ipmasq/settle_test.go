@@ -253,3 +253,29 @@ func TestRenameAndConfigMapSwapAreImmediate(t *testing.T) {
 		}
 	})
 }
+
+// TestRenameIsImmediateWhileAnotherFileIsWritten: the file renamed over
+// while another file of its directory is being written in place (an
+// editor's swap file, a temporary file of another tool) is applied at
+// once: the settle time holds back only the file written in place, and
+// only the ip-masq-agent file's own writes hold it.
+func TestRenameIsImmediateWhileAnotherFileIsWritten(t *testing.T) {
+	newFile := newHeader
+	for _, p := range newItems {
+		newFile += "- " + p + "\n"
+	}
+	path := filepath.Join(t.TempDir(), "config", "ip-masq-agent")
+	celltest.WriteFileAtomic(t, path, oldFile)
+	c := startCIDRCells(t, path, oldRows)
+	swap := filepath.Join(filepath.Dir(path), ".ip-masq-agent.swp")
+	if err := os.WriteFile(swap, []byte("swap"), 0o644); err != nil { // settling
+		t.Fatal(err)
+	}
+	start := time.Now()
+	celltest.WriteFileAtomic(t, path, newFile)
+	took := c.wait(t, newRows(), 10*time.Second).Sub(start)
+	t.Logf("a rename applied in %s while another file settles", took)
+	if took >= ipmasq.SettleTime/2 {
+		t.Errorf("a rename applied in %s: held behind another file's settle time %s", took, ipmasq.SettleTime)
+	}
+}

@@ -58,6 +58,7 @@ func newSource(p sourceParams, initDone func(statedb.WriteTxn)) *source {
 		Dir:    filepath.Dir(path),
 		Period: s.rereadPeriod,
 		Settle: SettleTime,
+		File:   filepath.Base(path),
 		Read:   func() (*filesource.Input[*CIDR], error) { return s.read(path) },
 		Failure: filesource.Always(filesource.Failure{Log: "Invalid ip-masq-agent config: keeping the CIDRs in force",
 			Health: "invalid ip-masq-agent config, keeping the last good CIDRs", Announce: true}),

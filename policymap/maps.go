@@ -126,11 +126,10 @@ func TableMetrics[E interface {
 	bpf.Entry
 	GetStatus() reconciler.Status
 }](db *statedb.DB, table statedb.Table[E], ops *Maps[E]) metrics.Outs {
-	entry := func(e E) (string, reconciler.Status, bool) { return e.MapName(), e.GetStatus(), e.MapName() != "" }
 	ops.metrics.Seed(ops.maxEntries)
 	return metrics.Outs{Collectors: []prometheus.Collector{
 		metrics.TableRows(db, table, func(e E) (reconciler.Status, bool) { return e.GetStatus(), e.MapName() != "" }),
-		metrics.MapPressure(db, table, entry, ops.maxEntries),
+		newPressureCollector(db, table, ops), // pressure.go
 		ops.metrics,
 	}}
 }
@@ -180,6 +179,10 @@ func (o *Maps[E]) Close() {
 // Ops is what the reconciler calls: the operations behind the fault
 // injector, observed by the map-operation metrics.
 func (o *Maps[E]) Ops() *bpf.ObservedOps[E] { return o.ops }
+
+// SetKeep sets the keys the prune keeps though no row holds them (see
+// bpf.Ops.SetKeep).
+func (o *Maps[E]) SetKeep(k bpf.KeepFunc) { o.inner.SetKeep(k) }
 
 // Faults is the fault injector in front of the operations, for the
 // script commands and tests.

@@ -15,6 +15,9 @@ type FaultKeys struct {
 	Args   int
 	Usage  string
 	Encode func(args []string) ([]byte, error)
+	// Normalize, if set, maps a key to what is compared (the policy keys'
+	// version cleared: a fault names a key whatever its version).
+	Normalize func(key []byte) []byte
 }
 
 // FaultCommands are the script commands that inject faults into the
@@ -48,6 +51,9 @@ func FaultCommands[E bpf.Entry](maps *Maps[E], what, probability, keys string, k
 					if err != nil {
 						return nil, err
 					}
+					if k.Normalize != nil {
+						key = k.Normalize(key)
+					}
 					failing[string(key)] = true
 				}
 				if len(failing) == 0 {
@@ -55,6 +61,9 @@ func FaultCommands[E bpf.Entry](maps *Maps[E], what, probability, keys string, k
 					return nil, nil
 				}
 				maps.faults.SetFaultFunc(func(_ string, key []byte) error {
+					if k.Normalize != nil {
+						key = k.Normalize(key)
+					}
 					if failing[string(key)] {
 						return fmt.Errorf("injected: key refused")
 					}

@@ -50,6 +50,7 @@ func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
 		"enimasq_reconcile_rows,status=error,table=masq-map-entries":                                             0,
 		"enimasq_bpf_map_entries,map=cilium_ipmasq_v4,table=masq-map-entries":                                    3,
 		"enimasq_bpf_map_pressure,map=cilium_ipmasq_v4,table=masq-map-entries":                                   3.0 / 16384,
+		"enimasq_bpf_map_capacity,map=cilium_ipmasq_v4,table=masq-map-entries":                                   16384,
 		"enimasq_bpf_map_ops_total,map=cilium_ipmasq_v4,operation=update,outcome=success,table=masq-map-entries": 3,
 		"enimasq_source_errors_total,source=ip-masq-agent":                                                       0,
 	} {
@@ -76,7 +77,7 @@ func TestPrivilegedPrometheusMetricsAndDbgStatus(t *testing.T) {
 
 	out := a.MustDbg("status", "--verbose")
 	for _, want := range []string{`Agent:\s+OK`, `ipmasq\s+OK`, `masq-map-entries\s+3\s+0\s+0\n`,
-		`cilium_ipmasq_v4\s+3\s+0\.02%`, `ip-masq-agent\s+\d+s ago\s+0`, `Rows in error:\n  none`} {
+		`cilium_ipmasq_v4\s+3\s+0\.02%`, `Map capacity:\s+entries/max\s+used\n  cilium_ipmasq_v4\s+3/16384\s+0\.02%\n`, `ip-masq-agent\s+\d+s ago\s+0`, `Rows in error:\n  none`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("enimasq-dbg status does not match %q:\n%s", want, out)
 		}
@@ -103,6 +104,12 @@ func TestPrivilegedDbgStatusListsRowsInError(t *testing.T) {
 	if !strings.Contains(out, "Rows in error:\n  policy-map-entries") {
 		t.Errorf("no rows in error listed:\n%s", out)
 	}
+	// The full map is at 100%: the two keys it took of two.
+	full := regexp.MustCompile(`\n  enimasq_egress_v4\s+2/2\s+100\.00%\n`)
+	a.WaitFor("enimasq_egress_v4 full in status", func() bool {
+		out, _, _ = a.Dbg("status")
+		return full.MatchString(out)
+	})
 }
 
 // scrapeMetrics reads /metrics at addr with Prometheus' own parser: one

@@ -7,9 +7,10 @@
 // ClusterPolicyEndpoints).
 //
 // One LPM lookup per map answers "what may this pod do with that peer":
-// the key is the pod's address followed by the peer's, with prefix length
-// = pod bits + peer bits, so a lookup with the full length returns the
-// pod's longest matching peer prefix. The value is a list of disjoint
+// the key is the pod's address, the version of its policy in force
+// (enimasq_policy_versions), then the peer's address, with prefix length
+// = pod bits + 32 + peer bits, so a lookup with the full length returns the
+// pod's longest matching peer prefix in that version. The value is a list of disjoint
 // intervals over (protocol << 16 | destination port), sorted, each with
 // what it decides: the first POLICY_INLINE in the value, the others in
 // chunks of POLICY_CHUNK in a hash map (enimasq_policy_chunks,
@@ -39,9 +40,11 @@
 //
 // They are stateful, as NetworkPolicy is: a packet allowed at any step
 // opens a connection in enimasq_policy_ct (TCP and UDP by ports, ICMP echo
-// by its identifier), keyed by pod and peer so that both directions find
-// it, and every packet of a tracked connection passes, either way, until it
-// has been idle for the protocol's timeout (a TCP RST closes it at once).
+// by its identifier and the direction of its requests), keyed by pod and
+// peer so that both directions find it, and every packet of a tracked
+// connection passes, either way (an echo's requests one way, its replies
+// the other), until it has been idle for the protocol's timeout (a TCP RST
+// closes it at once).
 // The map is an LRU hash: bounded, the least recently used connection goes
 // first. enimasq_policy_mode[0] holds the enforcing mode (strict: a pod that
 // nothing decides is denied) and whether events are on.
@@ -126,15 +129,20 @@
 /* IPv6 extension headers walked to the transport header; more is dropped. */
 #define IPV6_MAX_EXT_HEADERS 8
 
+/* The key of a policy map: the pod, the version of the pod's policy it
+ * belongs to (enimasq_policy_versions), the peer; the prefix length covers
+ * the pod, the version and the peer's prefix. */
 struct policy_v4_key {
 	__u32 prefixlen;
 	__u8 pod[4];
+	__u32 version;
 	__u8 peer[4];
 };
 
 struct policy_v6_key {
 	__u32 prefixlen;
 	__u8 pod[16];
+	__u32 version;
 	__u8 peer[16];
 };
 
@@ -229,7 +237,12 @@ struct {
  * device), the pod's and the peer's addresses (IPv4 in the first 4 bytes)
  * and ports (the echo identifier twice for ICMP), seen from the pod
  * whichever way the packet goes. The device makes a new pod on an old IP
- * (another veth) start with no connection of the old one. */
+ * (another veth) start with no connection of the old one. An ICMP echo
+ * also names the pod's direction its requests take (CT_EGRESS: the pod
+ * asks, the peer answers; CT_INGRESS: the other way round), so that only
+ * a reply going the other way passes as tracked: the peer's own requests
+ * with the same identifier, and replies going the requests' way, are
+ * judged by the policy. */
 struct ct_key {
 	__u8 pod[16];
 	__u8 peer[16];
@@ -237,13 +250,17 @@ struct ct_key {
 	__u16 peer_port;
 	__u8 protocol;
 	__u8 family;
-	__u8 pad[2];
+	__u8 echo;    /* ICMP echo: CT_EGRESS or CT_INGRESS, the requests' direction; 0 otherwise */
+	__u8 pad;
 	__u32 ifindex;
 };
 
+#define CT_EGRESS 1  /* ct_value.opened_by, ct_key.echo: the pod's egress */
+#define CT_INGRESS 2 /* its ingress */
+
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */
-	__u32 opened_by; /* 1: the pod's egress, 2: its ingress */
+	__u32 opened_by; /* CT_EGRESS: the pod's egress, CT_INGRESS: its ingress */
 	__u32 pad;
 };
 
@@ -278,6 +295,27 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 65536);
 } enimasq_policy_pods SEC(".maps");
+
+/* The version of each pod's policy in force, per tier: pod address (as in
+ * enimasq_policy_pods) -> { NetworkPolicy version, cluster version }. A
+ * pod's keys carry their version; the agent writes every key of a new
+ * version before it switches the pod to it here, and deletes the old
+ * version's keys only after, so a pod goes from one policy to the next in
+ * one step. A pod without an entry is at version 0, which the agent never
+ * writes: no policy. VERSION_CLOSED: the pod's first version could not be
+ * written whole; it is denied (fail closed). */
+struct pod_version {
+	__u32 version[2]; /* 0: NetworkPolicy, 1: cluster */
+};
+
+#define VERSION_CLOSED 0xffffffff
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct pod_key);
+	__type(value, struct pod_version);
+	__uint(max_entries, 65536);
+} enimasq_policy_versions SEC(".maps");
 
 /* The datagrams whose first fragment passed, as Cilium's
  * cilium_ipv4_frag_datagrams: later fragments carry no ports, and follow
@@ -321,10 +359,13 @@ struct flow {
 	__u32 port;       /* destination port */
 	__u32 sport;      /* source port */
 	__u8 port_known;  /* false for ICMP, later fragments, other protocols */
-	__u8 echo;        /* 1: an ICMP echo request, 2: an echo reply (id in sport) */
+	__u8 echo;        /* ECHO_REQUEST, ECHO_REPLY (id in sport), 0: no echo */
 	__u8 rst;         /* a TCP RST */
 	__u8 icmp_type;   /* ICMP and ICMPv6 */
 };
+
+#define ECHO_REQUEST 1
+#define ECHO_REPLY 2
 
 #define PARSE_IP 0
 #define PARSE_ARP 1
@@ -460,6 +501,18 @@ static __always_inline int is_icmp(__u8 proto)
 	return proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6;
 }
 
+/* echo_of is what an ICMP type is in its own family: ICMPv4's echo request
+ * and reply are 8 and 0, ICMPv6's 128 and 129 (ICMPv4's type 128, or
+ * ICMPv6 over IPv4, is no echo): ECHO_REQUEST, ECHO_REPLY or 0. */
+static __always_inline __u8 echo_of(__u8 family, __u8 proto, __u8 type)
+{
+	if (family == 4 && proto == IPPROTO_ICMP)
+		return type == 8 ? ECHO_REQUEST : type == 0 ? ECHO_REPLY : 0;
+	if (family == 6 && proto == IPPROTO_ICMPV6)
+		return type == 128 ? ECHO_REQUEST : type == 129 ? ECHO_REPLY : 0;
+	return 0;
+}
+
 /* read_l4 reads the ports of TCP, UDP and SCTP (all three have the source
  * port then the destination port first), the type and echo identifier of
  * ICMP. A first fragment or a whole datagram too short for them is refused
@@ -486,10 +539,7 @@ static __always_inline int read_l4(struct __sk_buff *skb, const struct pkt *p, s
 	if (is_icmp(p->protocol)) {
 		/* type, code, checksum, identifier */
 		f->icmp_type = b[0];
-		if (b[0] == 8 || b[0] == 128)
-			f->echo = 1;
-		else if (b[0] == 0 || b[0] == 129)
-			f->echo = 2;
+		f->echo = echo_of(p->family, p->protocol, b[0]);
 		f->sport = ((__u32)b[4] << 8) | b[5];
 		return 0;
 	}
@@ -508,6 +558,13 @@ static __always_inline __u64 ct_timeout(__u8 proto)
 	return CT_TIMEOUT_UDP;
 }
 
+/* echo_direction is the pod's direction of the requests of an echo seen
+ * going one way (egress): that way for a request, the other for a reply. */
+static __always_inline __u8 echo_direction(__u8 echo, int egress)
+{
+	return (echo == ECHO_REQUEST) == (egress != 0) ? CT_EGRESS : CT_INGRESS;
+}
+
 /* ct_key_of fills the connection key of the packet seen from the pod. */
 static __always_inline void ct_key_of(struct ct_key *k, const struct flow *f, int egress)
 {
@@ -515,6 +572,7 @@ static __always_inline void ct_key_of(struct ct_key *k, const struct flow *f, in
 	if (f->echo) {
 		k->pod_port = f->sport;
 		k->peer_port = f->sport;
+		k->echo = echo_direction(f->echo, egress);
 	} else if (f->port_known) {
 		k->pod_port = egress ? f->sport : f->port;
 		k->peer_port = egress ? f->port : f->sport;
@@ -546,12 +604,13 @@ static __always_inline int tracked(struct ct_key *k, const struct flow *f)
 }
 
 /* track opens a connection the policy allowed: TCP and UDP, ICMP echo
- * requests. */
+ * requests (never a reply: it opens nothing, and its key names the other
+ * way's requests). */
 static __always_inline void track(struct ct_key *k, const struct flow *f, int egress)
 {
-	struct ct_value v = { .opened_by = egress ? 1 : 2 };
+	struct ct_value v = { .opened_by = egress ? CT_EGRESS : CT_INGRESS };
 
-	if ((!f->port_known && f->echo != 1) || f->rst)
+	if ((!f->port_known && f->echo != ECHO_REQUEST) || f->rst)
 		return;
 	v.last_seen = bpf_ktime_get_ns();
 	bpf_map_update_elem(&enimasq_policy_ct, k, &v, BPF_ANY);
@@ -804,7 +863,9 @@ static __always_inline __u32 pod_device(const struct pkt *p, const __u8 *addr)
  * way, never another local pod) or to it (an error the pod sends: the
  * quoted destination is
  * the outer source and the quoted source the outer destination), and is a
- * packet of that connection. Only quotes with an IPv4 header (with or
+ * packet of that connection: for an echo, a request or a reply going the
+ * way the tracked echo's requests or replies go (the quoted packet went
+ * the other way from the error). Only quotes with an IPv4 header (with or
  * without options) or an IPv6 header without extension headers are
  * read. */
 static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, int egress)
@@ -852,8 +913,13 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 	if (bpf_skb_load_bytes(skb, qoff, ports, sizeof(ports)))
 		return 0;
 	if (is_icmp(k.protocol)) {
+		__u8 echo = echo_of(k.family, k.protocol, ports[0]);
+
+		if (!echo)
+			return 0; /* only an echo is tracked */
 		k.pod_port = ((__u16)ports[4] << 8) | ports[5]; /* the echo's identifier */
 		k.peer_port = k.pod_port;
+		k.echo = echo_direction(echo, !egress);
 	} else if (has_ports(k.protocol)) {
 		__u16 sport = ((__u16)ports[0] << 8) | ports[1], dport = ((__u16)ports[2] << 8) | ports[3];
 
@@ -867,6 +933,19 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 	return v && bpf_ktime_get_ns() - v->last_seen <= ct_timeout(k.protocol);
 }
 
+/* version_of reads the versions of a pod's policy in force (0 for a pod
+ * without an entry: no policy). */
+static __always_inline void version_of(const struct pkt *p, const __u8 *pod, __u32 *versions)
+{
+	struct pod_key k = { .family = p->family };
+	struct pod_version *v;
+
+	__builtin_memcpy(k.addr, pod, 16);
+	v = bpf_map_lookup_elem(&enimasq_policy_versions, &k);
+	versions[0] = v ? v->version[0] : 0;
+	versions[1] = v ? v->version[1] : 0;
+}
+
 /* decide passes the packets of tracked connections, decides the others by
  * the steps (the maps are looked up only then: a tracked packet costs no
  * policy lookup), counts the decision, and tracks what a step allows for a
@@ -874,32 +953,44 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 static __always_inline int decide(struct __sk_buff *skb, const struct pkt *p, const struct flow *f, struct ct_key *ct,
 				  int egress)
 {
-	const struct policy_value *cp, *np;
+	const struct policy_value *cp = NULL, *np = NULL;
 	struct decision d = {};
+	__u32 versions[2];
 
 	ct_key_of(ct, f, egress);
 	if (tracked(ct, f)) {
 		skb->cb[0] = REASON_TRACKED;
 		return VERDICT_PASS;
 	}
+	version_of(p, ct->pod, versions);
+	if (versions[0] == VERSION_CLOSED || versions[1] == VERSION_CLOSED) {
+		/* A first version that could not be written whole: closed. */
+		decided(&d, REASON_INCOMPLETE, versions[1] == VERSION_CLOSED ? STEP_ADMIN : STEP_NAMESPACE, 0, NO_INTERVAL, 1);
+		goto out;
+	}
 	if (p->family == 6) {
-		struct policy_v6_key key = { .prefixlen = 256 };
+		struct policy_v6_key key = { .prefixlen = 256 + 32 };
 
 		__builtin_memcpy(key.pod, ct->pod, 16);
 		__builtin_memcpy(key.peer, ct->peer, 16);
+		key.version = versions[0];
 		np = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v6 : (void *)&enimasq_ingress_v6, &key);
+		key.version = versions[1];
 		cp = bpf_map_lookup_elem(egress ? (void *)&enimasq_cluster_egress_v6 : (void *)&enimasq_cluster_ingress_v6,
 					 &key);
 	} else {
-		struct policy_v4_key key = { .prefixlen = 64 };
+		struct policy_v4_key key = { .prefixlen = 64 + 32 };
 
 		__builtin_memcpy(key.pod, ct->pod, 4);
 		__builtin_memcpy(key.peer, ct->peer, 4);
+		key.version = versions[0];
 		np = bpf_map_lookup_elem(egress ? (void *)&enimasq_egress_v4 : (void *)&enimasq_ingress_v4, &key);
+		key.version = versions[1];
 		cp = bpf_map_lookup_elem(egress ? (void *)&enimasq_cluster_egress_v4 : (void *)&enimasq_cluster_ingress_v4,
 					 &key);
 	}
 	evaluate(cp, np, (f->protocol << 16) | (f->port_known ? f->port : 0), &d);
+out:
 	skb->cb[0] = d.reason;
 	skb->cb[1] = d.idx;
 	skb->cb[2] = d.step;

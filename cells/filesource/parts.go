@@ -7,7 +7,7 @@ import (
 )
 
 // Parts keeps the last good version of each part of an input made of
-// parts (the files of a directory, the objects of the API server), by
+// parts (the objects of the API server), by
 // name: a part that goes bad keeps its last good version while the others
 // apply.
 type Parts[V any] struct {

@@ -38,6 +38,12 @@ type Source[Obj any, K comparable] struct {
 	// stable before it is read (filewatch.Options.Settle): its half-written
 	// states are never read. Renames and ConfigMap swaps are read at once.
 	Settle time.Duration
+	// File, when set, is the name in Dir of the one file read: while
+	// filewatch holds it (written in place and not yet settled, or just
+	// deleted or renamed away), a read leaves the table as it is; other
+	// names of Dir (an editor's swap file, a temporary file) never delay
+	// it.
+	File string
 	// Read reads and parses the input. It returns nil and the error when
 	// nothing can apply, the input and an error when only a part of it is
 	// bad (that part's last good rows are in the input). It may return the
@@ -76,7 +82,10 @@ type Source[Obj any, K comparable] struct {
 // nearest existing ancestor while Dir is missing) and every Period, until
 // ctx is done.
 func (s *Source[Obj, K]) Run(ctx context.Context, health cell.Health) error {
-	return filewatch.Watch(ctx, s.Log, filewatch.Options{Dir: s.Dir, Period: s.Period, Settle: s.Settle}, func() {
+	return filewatch.Watch(ctx, s.Log, filewatch.Options{Dir: s.Dir, Period: s.Period, Settle: s.Settle}, func(r *filewatch.Read) {
+		if s.File != "" && r.Held(s.File) {
+			return // read when it settles
+		}
 		in, err := s.Read()
 		s.Update(health, in, err)
 	})
@@ -116,6 +125,23 @@ func (s *Source[Obj, K]) apply(in *Input[Obj], good bool) {
 			s.Warning.log(s.Log, slog.LevelWarn, "warning", warning)
 		}
 	}
+	s.write(in)
+}
+
+// ApplyPartial puts in, a part of a read still going on (the files of a
+// directory parsed so far, the others at their last state), into the
+// table, without initializing it, reporting health or logging warnings:
+// the read's Update does, when it is whole.
+func (s *Source[Obj, K]) ApplyPartial(in *Input[Obj]) {
+	c := *in
+	c.Incomplete = true
+	s.write(&c)
+}
+
+// write writes the difference between the table and in, initializes the
+// table the first time in is complete, and logs the rows changed or the
+// summary.
+func (s *Source[Obj, K]) write(in *Input[Obj]) {
 	if in == s.lastIn && (s.InitDone == nil || in.Incomplete) && s.Table.Revision(s.DB.ReadTxn()) == s.lastRev {
 		return // the same input, and the table as it left it
 	}

@@ -137,8 +137,8 @@ func TestClassify(t *testing.T) {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	if got := classify(event{wd: 1, mask: unix.IN_CREATE | unix.IN_ISDIR}, 1, filepath.Dir(dir), dir); got != readNow {
-		t.Errorf("an event in the ancestor of a missing dir is not read at once")
+	if got := classify(event{wd: 1, mask: unix.IN_CREATE | unix.IN_ISDIR}, 1, filepath.Dir(dir), dir); got != appeared {
+		t.Errorf("an event in the ancestor of a missing dir is not the dir appearing")
 	}
 	if got := classify(event{wd: 2, mask: unix.IN_CLOSE_WRITE}, 1, dir, dir); got != ignore {
 		t.Errorf("an event of a watch given up is acted on")

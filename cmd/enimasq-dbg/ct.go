@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -68,6 +69,10 @@ type connection struct {
 	PeerPort uint16     `json:"peerPort"`
 	// OpenedBy is the pod's direction that opened it: egress or ingress.
 	OpenedBy string `json:"openedBy"`
+	// EchoRequests is, for an ICMP echo, the pod's direction its requests
+	// take (egress or ingress; the replies that pass go the other way),
+	// empty for other protocols.
+	EchoRequests string `json:"echoRequests,omitempty"`
 	// AgeSeconds is the time since the programs last saw a packet of it.
 	AgeSeconds float64 `json:"ageSeconds"`
 }
@@ -125,6 +130,9 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 		}
 		conn := connection{Ifindex: c.Ifindex, Protocol: c.Protocol, Pod: c.Pod, PodPort: c.PodPort, Peer: c.Peer, PeerPort: c.PeerPort,
 			OpenedBy: "egress"}
+		if c.EchoRequests != 0 {
+			conn.EchoRequests = c.EchoRequests.String()
+		}
 		if binary.NativeEndian.Uint32(value[8:]) == 2 {
 			conn.OpenedBy = "ingress"
 		}
@@ -143,7 +151,10 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 		if c := a.Peer.Compare(b.Peer); c != 0 {
 			return c
 		}
-		return int(a.Protocol)*1<<32 + int(a.PodPort)<<16 + int(a.PeerPort) - (int(b.Protocol)*1<<32 + int(b.PodPort)<<16 + int(b.PeerPort))
+		if c := int(a.Protocol)*1<<32 + int(a.PodPort)<<16 + int(a.PeerPort) - (int(b.Protocol)*1<<32 + int(b.PodPort)<<16 + int(b.PeerPort)); c != 0 {
+			return c
+		}
+		return strings.Compare(a.EchoRequests, b.EchoRequests)
 	})
 	return out, nil
 }

@@ -80,7 +80,11 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 				if c, ok := maps[netpolicy.ChunksOf(name)]; ok {
 					chunks = c
 				}
-				es, err := netpolicy.ListPolicyMap(name, m, chunks, podIP)
+				var versions bpf.LookupMap
+				if v, ok := maps[bpf.PolicyVersionsMapName]; ok {
+					versions = v
+				}
+				es, err := netpolicy.ListPolicyMap(name, m, chunks, versions, podIP)
 				if err != nil {
 					return err
 				}
@@ -251,7 +255,7 @@ func openPinned(bpfRoot, name string) (*ebpf.Map, error) {
 func openPolicyMaps(bpfRoot string, readOnly bool) (map[string]*ebpf.Map, error) {
 	dir := bpf.GlobalsDir(bpfRoot)
 	maps := map[string]*ebpf.Map{}
-	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames, []string{bpf.PolicyChunksMapName, bpf.ClusterChunksMapName}) {
+	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames, []string{bpf.PolicyChunksMapName, bpf.ClusterChunksMapName, bpf.PolicyVersionsMapName}) {
 		path := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: readOnly})
 		if errors.Is(err, os.ErrNotExist) {

@@ -78,6 +78,9 @@ type (
 	mapUse struct {
 		Entries  float64 `json:"entries"`
 		Pressure float64 `json:"pressure"`
+		// MaxEntries is the map's size (enimasq_bpf_map_capacity); 0 from
+		// an agent that does not serve it.
+		MaxEntries float64 `json:"maxEntries,omitempty"`
 	}
 	poolUse struct {
 		Pool      float64 `json:"pool"`
@@ -128,9 +131,10 @@ func agentStatus(o *options, verbose bool) (statusReport, error) {
 		rep.Tables[t] = rowCount{Done: r["done"], Pending: r["pending"], Error: r["error"]}
 	}
 	entries := byLabels(families, "enimasq_bpf_map_entries", "map", "")
+	capacity := byLabels(families, "enimasq_bpf_map_capacity", "map", "")
 	rep.Maps = map[string]mapUse{}
 	for m, p := range byLabels(families, "enimasq_bpf_map_pressure", "map", "") {
-		rep.Maps[m] = mapUse{Entries: entries[m][""], Pressure: p[""]}
+		rep.Maps[m] = mapUse{Entries: entries[m][""], Pressure: p[""], MaxEntries: capacity[m][""]}
 	}
 	rep.Pool = map[string]poolUse{}
 	for e, p := range byLabels(families, "enimasq_ipam_ips", "eni", "type") {
@@ -203,6 +207,7 @@ func writeStatus(out io.Writer, rep statusReport) {
 		for _, m := range sortedKeys(rep.Maps) {
 			fmt.Fprintf(w, "  %s\t%g\t%.2f%%\n", m, rep.Maps[m].Entries, 100*rep.Maps[m].Pressure)
 		}
+		writeMapCapacity(w, rep.Maps)
 	}
 	if len(rep.Pool) > 0 {
 		fmt.Fprintln(w, "IPAM pool:\tpool\tused\tavailable")
@@ -230,6 +235,25 @@ func writeStatus(out io.Writer, rep statusReport) {
 		if len(rep.ErrorRows) == 0 {
 			fmt.Fprintln(out, "  none")
 		}
+	}
+}
+
+// writeMapCapacity adds a line per map of known size: entries/max entries
+// and the percent used. A policy change holds a pod's keys twice while it
+// is written (Documentation/network-policy.md, Capacity): a map past half
+// full may not take the change of a policy that selects every pod.
+func writeMapCapacity(w io.Writer, maps map[string]mapUse) {
+	header := false
+	for _, m := range sortedKeys(maps) {
+		u := maps[m]
+		if u.MaxEntries == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "Map capacity:\tentries/max\tused")
+			header = true
+		}
+		fmt.Fprintf(w, "  %s\t%g/%g\t%.2f%%\n", m, u.Entries, u.MaxEntries, 100*u.Entries/u.MaxEntries)
 	}
 }
 

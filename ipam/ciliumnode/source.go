@@ -25,6 +25,12 @@ func ReadCiliumNodeFile(path string) (*CiliumNode, error) {
 	return ParseCiliumNode(path, data)
 }
 
+// SettleTime is how long the CiliumNode file, written in place, must go
+// without a write before it is read (as ipmasq.SettleTime): a half-written
+// file (the empty moment of a rewrite, half the ENIs) is never read. A
+// rename over the file and a ConfigMap's ..data swap are read at once.
+const SettleTime = time.Second
+
 // source keeps the enis table in step with the CiliumNode file (Run) or,
 // through k8sSource, with the CiliumNode of the API server.
 //
@@ -43,6 +49,11 @@ func newSource(path string, p sourceParams, initDone func(statedb.WriteTxn)) *so
 	s := &source{path: path, hold: newLossHold(p.Settings.LossGrace)}
 	s.Source = &filesource.Source[*ENI, string]{
 		Dir: filepath.Dir(path),
+		// As the ip-masq-agent file: a file written in place is read once
+		// it has been stable for SettleTime, a rename over it or a
+		// ConfigMap swap at once.
+		Settle: SettleTime,
+		File:   filepath.Base(path),
 		// Read again when a hold ends, or at the resync.
 		Period: func() time.Duration {
 			if d := s.hold.next(); d > 0 && d < p.Settings.Resync {

@@ -128,6 +128,7 @@ func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all comp
 			}
 			return bpf.EncodePolicyKey(pod, peer)
 		},
+		Normalize: bpf.PolicyKeyVersionless,
 	}))
 	return hive.NewScriptCmds(cmds)
 }

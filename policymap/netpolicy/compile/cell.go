@@ -33,6 +33,9 @@ var Cell = cell.Group(
 	cell.ProvidePrivate(
 		NewPolicyMapEntriesTable,
 		NewClusterMapEntriesTable,
+		NewPolicyVersionsTable,
+		newPolicyVersions,
+		(*policyVersions).kernelMaps,
 		newMaps,
 		newClusterMaps,
 		newPolicyState,
@@ -41,12 +44,14 @@ var Cell = cell.Group(
 	cell.Provide(
 		statedb.RWTable[*PolicyMapEntry].ToTable,
 		statedb.RWTable[*ClusterMapEntry].ToTable,
+		statedb.RWTable[*PodVersions].ToTable,
 		policymap.TableMetrics[*PolicyMapEntry],
 		policymap.TableMetrics[*ClusterMapEntry],
+		policymap.TableMetrics[*PodVersions],
 		(*policyMetrics).collectors,
 		newKernelMaps,
 	),
-	cell.Invoke(registerPolicyMaps, registerClusterMaps),
+	cell.Invoke(registerPolicyMaps, registerClusterMaps, registerVersions),
 )
 
 func newMaps(p policymap.MapsParams) *policymap.Maps[*PolicyMapEntry] {
@@ -60,18 +65,23 @@ func newClusterMaps(p policymap.MapsParams) *policymap.Maps[*ClusterMapEntry] {
 // KernelMaps are the NetworkPolicy and the cluster maps with their chunk
 // maps, as open: what the programs, the listings and the verdicts read.
 type KernelMaps struct {
-	Policy  *policymap.Maps[*PolicyMapEntry]
-	Cluster *policymap.Maps[*ClusterMapEntry]
+	Policy   *policymap.Maps[*PolicyMapEntry]
+	Cluster  *policymap.Maps[*ClusterMapEntry]
+	Versions *policymap.Maps[*PodVersions]
 }
 
-func newKernelMaps(p *policymap.Maps[*PolicyMapEntry], c *policymap.Maps[*ClusterMapEntry]) KernelMaps {
-	return KernelMaps{Policy: p, Cluster: c}
+func newKernelMaps(p *policymap.Maps[*PolicyMapEntry], c *policymap.Maps[*ClusterMapEntry], v *policyVersions) KernelMaps {
+	return KernelMaps{Policy: p, Cluster: c, Versions: v.maps}
 }
 
-// Opened is a copy of every open map of both, by name.
+// Opened is a copy of every open map of both tiers and the versions map,
+// by name.
 func (k KernelMaps) Opened() map[string]bpf.PinnedMap {
 	out := k.Policy.Opened()
 	maps.Copy(out, k.Cluster.Opened())
+	if k.Versions != nil {
+		maps.Copy(out, k.Versions.Opened())
+	}
 	return out
 }
 
@@ -87,6 +97,8 @@ type clusterMapParams struct {
 	Jobs      job.Group
 	CPEs      statedb.Table[*endpoints.ClusterPolicyEndpoint]
 	Entries   statedb.RWTable[*ClusterMapEntry]
+	Versions  statedb.RWTable[*PodVersions]
+	State     *policyVersions
 	Reconcile reconciler.Params
 	Ops       *policymap.Maps[*ClusterMapEntry]
 }
@@ -102,7 +114,8 @@ func registerClusterMaps(p clusterMapParams) error {
 	wtxn := p.DB.WriteTxn(p.Entries)
 	initDone := p.Entries.RegisterInitializer(wtxn, "derive-cluster-policy-map-entries")
 	wtxn.Commit()
-	d := &clusterDeriver{log: p.Log, db: p.DB, cpes: p.CPEs, entries: p.Entries, node: p.Node, initDone: initDone}
+	d := &clusterDeriver{log: p.Log, db: p.DB, cpes: p.CPEs, entries: p.Entries, versions: p.Versions, state: p.State,
+		node: p.Node, initDone: initDone}
 	p.Jobs.Add(job.OneShot("derive-cluster-policy-map-entries", d.run))
 	p.Jobs.Add(job.Timer("check-cluster-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
 		p.Config.BPFMapRefreshInterval))
@@ -123,9 +136,11 @@ type policyMapParams struct {
 	Jobs      job.Group
 	Endpoints statedb.Table[*endpoints.PolicyEndpoint]
 	Entries   statedb.RWTable[*PolicyMapEntry]
+	Versions  statedb.RWTable[*PodVersions]
 	Reconcile reconciler.Params
 	Ops       *policymap.Maps[*PolicyMapEntry]
 	State     *policyState
+	Versioned *policyVersions
 	Metrics   *policyMetrics
 }
 
@@ -194,6 +209,8 @@ func registerPolicyMaps(p policyMapParams) error {
 		db:        p.DB,
 		endpoints: p.Endpoints,
 		entries:   p.Entries,
+		versions:  p.Versions,
+		state:     p.Versioned,
 		node:      p.Node,
 		initDone:  initDone,
 

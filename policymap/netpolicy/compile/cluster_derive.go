@@ -3,15 +3,15 @@ package compile
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/netip"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/cells/tablesync"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -29,6 +29,8 @@ type clusterDeriver struct {
 	db       *statedb.DB
 	cpes     statedb.Table[*endpoints.ClusterPolicyEndpoint]
 	entries  statedb.RWTable[*ClusterMapEntry]
+	versions statedb.RWTable[*PodVersions] // see policyDeriver.versions
+	state    *policyVersions
 	node     nodeconfig.Config
 	initDone func(statedb.WriteTxn)
 
@@ -37,22 +39,37 @@ type clusterDeriver struct {
 }
 
 func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
-	wtxn := d.db.WriteTxn(d.cpes)
+	if !d.state.wait(ctx) { // version numbers go on from an earlier run's
+		return nil
+	}
+	wtxn := d.db.WriteTxn(d.cpes, d.versions)
 	changes, err := d.cpes.Changes(wtxn)
-	wtxn.Commit()
 	if err != nil {
+		wtxn.Abort()
 		return fmt.Errorf("watch %s: %w", endpoints.ClusterPolicyEndpointsTableName, err)
 	}
 	defer changes.Close()
+	versionChanges, err := d.versions.Changes(wtxn)
+	wtxn.Commit()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", PolicyVersionsTableName, err)
+	}
+	defer versionChanges.Close()
 	d.changed = newChangedPods(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
 	d.unions = newUnions(d.cpes, endpoints.ClusterPolicyEndpointParentIndex)
 	for {
 		txn := d.db.ReadTxn()
 		batch, watch := changes.Next(txn)
 		affected := d.changed.affected(txn, batch, nil)
+		// Pods whose last switch is in the kernel are recompiled: the
+		// version it replaced goes (versionDiff).
+		vbatch, versionWatch := versionChanges.Next(txn)
+		for _, p := range needsCleanup(vbatch, bpf.TierCluster) {
+			affected[p] = struct{}{}
+		}
 		var initWatch <-chan struct{}
 		if len(affected) > 0 || d.initDone != nil {
-			wtxn := d.db.WriteTxn(d.entries)
+			wtxn := d.db.WriteTxn(d.entries, d.versions)
 			written := d.work(wtxn, sortedAddrs(affected))
 			if d.initDone != nil {
 				if ok, ch := d.cpes.Initialized(wtxn); ok {
@@ -69,6 +86,7 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 		}
 		select {
 		case <-watch:
+		case <-versionWatch:
 		case <-initWatch:
 		case <-ctx.Done():
 			return nil
@@ -81,6 +99,8 @@ func (d *clusterDeriver) run(ctx context.Context, health cell.Health) error {
 func (d *clusterDeriver) work(wtxn statedb.WriteTxn, pods []netip.Addr) int {
 	templates := map[string][]*policyTemplate{}
 	d.unions.reset()
+	// The rows are read in a snapshot (wtxn holds the table's lock).
+	before := d.db.ReadTxn()
 	written := 0
 	for _, pod := range pods {
 		var desired []*ClusterMapEntry
@@ -98,16 +118,33 @@ func (d *clusterDeriver) work(wtxn statedb.WriteTxn, pods []netip.Addr) int {
 				}
 			}
 		}
-		written += clusterRows.SyncSubset(wtxn, d.entries, d.entries.Prefix(wtxn, ClusterPodEntries(pod)), desired)
+		tv, done := tierOf(wtxn, d.versions, pod, bpf.TierCluster)
+		fresh, stale, next, changed := versionDiff(clusterPodRows(before, d.entries, pod), tv, done, desired,
+			func() uint32 { return d.state.alloc(d.log) })
+		if !changed {
+			continue
+		}
+		for _, e := range stale {
+			d.entries.Delete(wtxn, e)
+		}
+		for _, e := range fresh {
+			d.entries.Insert(wtxn, e)
+		}
+		if next != tv {
+			setTier(wtxn, d.versions, pod, bpf.TierCluster, next)
+		}
+		written += len(stale) + len(fresh)
 	}
 	return written
 }
 
-// clusterRows are the cluster-policy-map-entries rows as the deriver writes
-// them: compared without their status, new and changed ones Pending.
-var clusterRows = tablesync.Rows[*ClusterMapEntry, PolicyEntryKey]{
-	Key:    (*ClusterMapEntry).Key,
-	Query:  ClusterEntryIndex.Query,
-	Same:   (*ClusterMapEntry).sameDesired,
-	Insert: func(e *ClusterMapEntry) *ClusterMapEntry { return e.SetStatus(reconciler.StatusPending()) },
+// clusterPodRows are a pod's cluster rows in txn.
+func clusterPodRows(txn statedb.ReadTxn, table statedb.Table[*ClusterMapEntry], pod netip.Addr) iter.Seq[*ClusterMapEntry] {
+	return func(yield func(*ClusterMapEntry) bool) {
+		for e := range table.Prefix(txn, ClusterPodEntries(pod)) {
+			if !yield(e) {
+				return
+			}
+		}
+	}
 }

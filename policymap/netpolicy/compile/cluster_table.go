@@ -3,6 +3,7 @@ package compile
 import (
 	"encoding/json"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -21,9 +22,10 @@ const ClusterMapEntriesTableName = "cluster-policy-map-entries"
 // immutable; like PolicyMapEntry, a row points at its compiled template
 // entry, shared by the pods of one selection.
 type ClusterMapEntry struct {
-	Pod    netip.Addr
-	Status reconciler.Status
-	t      *templateEntry
+	Pod     netip.Addr
+	Version uint32 // see PolicyMapEntry.Version
+	Status  reconciler.Status
+	t       *templateEntry
 }
 
 func (e *ClusterMapEntry) MapName() string  { return e.t.mapName }
@@ -31,7 +33,7 @@ func (e *ClusterMapEntry) MapValue() []byte { return e.t.value.bytes }
 
 // MapKey encodes the kernel key (see PolicyMapEntry.MapKey).
 func (e *ClusterMapEntry) MapKey() []byte {
-	k, err := bpf.AppendPolicyKey(make([]byte, 0, 4+2*e.Pod.BitLen()/8), e.Pod, e.t.peer)
+	k, err := bpf.AppendPolicyKeyVersion(make([]byte, 0, 8+2*e.Pod.BitLen()/8), e.Pod, e.Version, e.t.peer)
 	if err != nil {
 		return nil
 	}
@@ -70,7 +72,7 @@ func (e *ClusterMapEntry) sameDesired(o *ClusterMapEntry) bool {
 }
 
 func (e *ClusterMapEntry) TableHeader() []string {
-	return []string{"Map", "Pod", "Peer", "Tiers", "Status", "Error"}
+	return []string{"Map", "Pod", "Peer", "Tiers", "Status", "Error", "Version"}
 }
 
 func (e *ClusterMapEntry) TableRow() []string {
@@ -81,31 +83,35 @@ func (e *ClusterMapEntry) TableRow() []string {
 	if msg := e.Status.GetError(); msg != "" {
 		errs = append(errs, msg)
 	}
-	return []string{e.Map(), e.Pod.String(), e.Peer().String(), e.Tiers(), e.Status.Kind.String(), strings.Join(errs, "; ")}
+	return []string{e.Map(), e.Pod.String(), e.Peer().String(), e.Tiers(), e.Status.Kind.String(), strings.Join(errs, "; "),
+		strconv.FormatUint(uint64(e.Version), 10)}
 }
 
 type clusterMapEntryView struct {
-	Map    string            `json:"Map" yaml:"map"`
-	Pod    netip.Addr        `json:"Pod" yaml:"pod"`
-	Peer   netip.Prefix      `json:"Peer" yaml:"peer"`
-	Tiers  string            `json:"Tiers" yaml:"tiers"`
-	Error  string            `json:"Error,omitempty" yaml:"error,omitempty"`
-	Status reconciler.Status `json:"Status" yaml:"status"`
+	Map     string            `json:"Map" yaml:"map"`
+	Pod     netip.Addr        `json:"Pod" yaml:"pod"`
+	Version uint32            `json:"Version" yaml:"version"`
+	Peer    netip.Prefix      `json:"Peer" yaml:"peer"`
+	Tiers   string            `json:"Tiers" yaml:"tiers"`
+	Error   string            `json:"Error,omitempty" yaml:"error,omitempty"`
+	Status  reconciler.Status `json:"Status" yaml:"status"`
 }
 
 func (e *ClusterMapEntry) view() clusterMapEntryView {
-	return clusterMapEntryView{Map: e.Map(), Pod: e.Pod, Peer: e.Peer(), Tiers: e.Tiers(), Error: e.EncodeError(), Status: e.Status}
+	return clusterMapEntryView{Map: e.Map(), Pod: e.Pod, Version: e.Version, Peer: e.Peer(), Tiers: e.Tiers(), Error: e.EncodeError(), Status: e.Status}
 }
 
 func (e *ClusterMapEntry) MarshalJSON() ([]byte, error) { return json.Marshal(e.view()) }
 func (e *ClusterMapEntry) MarshalYAML() (any, error)    { return e.view(), nil }
 
-func (e *ClusterMapEntry) Key() PolicyEntryKey { return PolicyEntryKey{e.Map(), e.Pod, e.Peer()} }
+func (e *ClusterMapEntry) Key() PolicyEntryKey {
+	return PolicyEntryKey{e.Map(), e.Pod, e.Peer(), e.Version}
+}
 
 // clusterEntryID is the primary key: as policyEntryID, by position in
 // bpf.ClusterMapNames.
-func clusterEntryID(mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
-	return mapEntryID(bpf.ClusterMapNames, mapName, pod, peer)
+func clusterEntryID(mapName string, pod netip.Addr, peer netip.Prefix, version uint32) index.Key {
+	return mapEntryID(bpf.ClusterMapNames, mapName, pod, peer, version)
 }
 
 // ClusterPodEntries queries a pod IP's cluster entries.
@@ -113,14 +119,14 @@ func ClusterPodEntries(pod netip.Addr) statedb.Query[*ClusterMapEntry] {
 	return ClusterEntryIndex.QueryFromKey(podEntriesPrefix(nil, pod))
 }
 
-// ClusterEntryIndex is the primary index: pod, map, peer ("map pod peer",
-// or a pod IP alone for db/prefix).
+// ClusterEntryIndex is the primary index: pod, map, peer, version (as
+// PolicyEntryIndex).
 var ClusterEntryIndex = statedb.Index[*ClusterMapEntry, PolicyEntryKey]{
 	Name: "id",
 	FromObject: func(e *ClusterMapEntry) index.KeySet {
-		return index.NewKeySet(clusterEntryID(e.Map(), e.Pod, e.Peer()))
+		return index.NewKeySet(clusterEntryID(e.Map(), e.Pod, e.Peer(), e.Version))
 	},
-	FromKey:    func(k PolicyEntryKey) index.Key { return clusterEntryID(k.Map, k.Pod, k.Peer) },
+	FromKey:    func(k PolicyEntryKey) index.Key { return clusterEntryID(k.Map, k.Pod, k.Peer, k.Version) },
 	FromString: entryKeyFromString(bpf.ClusterMapNames),
 	Unique:     true,
 }

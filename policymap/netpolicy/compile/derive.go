@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/cells/tablesync"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -61,7 +62,11 @@ type policyDeriver struct {
 	db        *statedb.DB
 	endpoints statedb.Table[*endpoints.PolicyEndpoint]
 	entries   statedb.RWTable[*PolicyMapEntry]
-	node      nodeconfig.Config
+	// versions are the pods' versions (versions.go): a pod whose entries
+	// change gets a new version, written whole.
+	versions statedb.RWTable[*PodVersions]
+	state    *policyVersions
+	node     nodeconfig.Config
 	// initDone marks policy-map-entries initialized; called once
 	// policy-endpoints is initialized and its contents are compiled, so the
 	// reconciler never prunes the maps against a partial desired state.
@@ -89,6 +94,10 @@ type policyDeriver struct {
 	results   chan backgroundResult
 	slots     chan struct{} // background compiles running at once
 	wg        sync.WaitGroup
+
+	// cleanOnly are the queued pods whose replaced version goes, with
+	// nothing to recompile.
+	cleanOnly map[netip.Addr]bool
 
 	// bad holds, per pod IP, its entries that cannot be encoded (for
 	// health).
@@ -253,13 +262,23 @@ const (
 
 // run follows the changes of policy-endpoints until ctx is done.
 func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
-	wtxn := d.db.WriteTxn(d.endpoints)
+	if !d.state.wait(ctx) { // version numbers go on from an earlier run's
+		return nil
+	}
+	wtxn := d.db.WriteTxn(d.endpoints, d.versions)
 	changes, err := d.endpoints.Changes(wtxn)
-	wtxn.Commit()
 	if err != nil {
+		wtxn.Abort()
 		return fmt.Errorf("watch %s: %w", endpoints.PolicyEndpointsTableName, err)
 	}
 	defer changes.Close()
+	versionChanges, err := d.versions.Changes(wtxn)
+	wtxn.Commit()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", PolicyVersionsTableName, err)
+	}
+	defer versionChanges.Close()
+	d.cleanOnly = map[netip.Addr]bool{}
 	d.changed = newChangedPods(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.unions = newUnions(d.endpoints, endpoints.PolicyEndpointParentIndex)
 	d.hosts = map[string]*podHosts{}
@@ -284,7 +303,23 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			if d.queue.empty() && len(d.compiling) == 0 {
 				start, held, pods, written = time.Now(), 0, 0, 0
 			}
+			for _, p := range affected {
+				delete(d.cleanOnly, p) // recompiled: cleaned up too
+			}
 			d.queue.push(affected)
+		}
+		// Pods whose last switch is in the kernel: the version it
+		// replaced goes (cleanup).
+		vbatch, versionWatch := versionChanges.Next(d.db.ReadTxn())
+		if clean := needsCleanup(vbatch, bpf.TierNetworkPolicy); len(clean) > 0 {
+			var queued []netip.Addr
+			for _, p := range clean {
+				if _, due := d.queue.due[p]; !due {
+					d.cleanOnly[p] = true
+					queued = append(queued, p)
+				}
+			}
+			d.queue.push(queued)
 		}
 
 		// Started work goes on only while the reconciler is within the
@@ -296,7 +331,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		canWork := d.queue.hasWork(!open)
 		var initWatch <-chan struct{}
 		if canWork || d.initDone != nil && d.queue.empty() {
-			wtxn := d.db.WriteTxn(d.entries)
+			wtxn := d.db.WriteTxn(d.entries, d.versions)
 			p, w, mark := d.work(ctx, wtxn, !open)
 			pods, written = pods+p, written+w
 			if d.initDone != nil && d.queue.empty() && len(d.compiling) == 0 {
@@ -332,6 +367,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 			since := time.Now()
 			select {
 			case <-watch:
+			case <-versionWatch:
 			case <-window:
 			case r := <-d.results:
 				d.finished(r)
@@ -357,6 +393,7 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 
 		select {
 		case <-watch:
+		case <-versionWatch:
 		case <-initWatch:
 		case r := <-d.results:
 			d.finished(r)
@@ -376,6 +413,9 @@ func (d *policyDeriver) run(ctx context.Context, health cell.Health) error {
 		}
 	}
 }
+
+// alloc hands out a new version.
+func (d *policyDeriver) alloc() uint32 { return d.state.alloc(d.log) }
 
 // anyPending reports whether some entry waits for the reconciler.
 func (d *policyDeriver) anyPending() bool {
@@ -435,7 +475,15 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 		if !ok {
 			break
 		}
-		if w == nil {
+		if w == nil && d.cleanOnly[pod] {
+			delete(d.cleanOnly, pod)
+			tv, done := tierOf(wtxn, d.versions, pod, bpf.TierNetworkPolicy)
+			stale, next := cleanup(podRows(before, d.entries, pod), tv, done)
+			if next != tv {
+				setTier(wtxn, d.versions, pod, bpf.TierNetworkPolicy, next)
+			}
+			w = &podWrite{pod: pod, stale: stale}
+		} else if w == nil {
 			desired, ok := d.desired(ctx, wtxn, pod)
 			if !ok {
 				continue // compiling in the background
@@ -443,7 +491,13 @@ func (d *policyDeriver) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			entries += len(desired)
 			pods++
 			d.noteBad(pod, desired)
-			w = diffPod(before, d.entries, pod, desired)
+			tv, done := tierOf(wtxn, d.versions, pod, bpf.TierNetworkPolicy)
+			var next TierVersions
+			var changed bool
+			w, next, changed = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
+			if changed && next != tv {
+				setTier(wtxn, d.versions, pod, bpf.TierNetworkPolicy, next)
+			}
 		}
 		limit := chunk - written
 		if w.rows() <= chunk {
@@ -589,7 +643,7 @@ func (d *policyDeriver) report(health cell.Health, ok string) {
 	}
 	if n := len(bad); n > 0 {
 		slices.SortFunc(bad, func(a, b *PolicyMapEntry) int {
-			return cmp.Compare(string(policyEntryID(a.Map(), a.Pod, a.Peer())), string(policyEntryID(b.Map(), b.Pod, b.Peer())))
+			return cmp.Compare(string(policyEntryID(a.Map(), a.Pod, a.Peer(), a.Version)), string(policyEntryID(b.Map(), b.Pod, b.Peer(), b.Version)))
 		})
 		var msgs []string
 		for _, e := range bad[:min(n, 3)] {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ type deriverFixture struct {
 	initPEs   func(statedb.WriteTxn)
 	health    *celltest.Health // the deriver's reports
 	stop      func()           // stops the deriver; also at the end of the test
+	versions  statedb.Table[*PodVersions]
+	// auto: the fixture plays the reconciler (rows are Done at once).
+	auto bool
 }
 
 // startDeriver starts a deriver; opts set its fields before it runs. No
@@ -42,30 +46,38 @@ func startDeriver(t testing.TB, node nodeconfig.Config, opts ...func(*policyDeri
 	if err != nil {
 		t.Fatal(err)
 	}
+	vt := newVersionsFixture(t, db, eps, ents)
 	wtxn := db.WriteTxn(eps, ents)
 	initPEs := eps.RegisterInitializer(wtxn, "test-source")
 	initEntries := ents.RegisterInitializer(wtxn, "derive")
 	wtxn.Commit()
 	d := &policyDeriver{log: slog.New(slog.DiscardHandler), db: db, endpoints: eps, entries: ents, node: node, initDone: initEntries,
-		flow: flowControl{off: true}}
+		flow: flowControl{off: true}, versions: vt.versions, state: vt.state}
 	for _, o := range opts {
 		o(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 3)
 	health := &celltest.Health{}
 	go func() { done <- d.run(ctx, health) }()
+	// The switch brings each pod's new version into force once its rows
+	// are Done; with the flow control off no reconciler is behind the
+	// table, and the rows are Done at once.
+	go func() { done <- vt.run(ctx, d.flow.off) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
+			for range 2 {
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
 			}
 		})
 	}
 	t.Cleanup(stop)
-	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs, health: health, stop: stop}
+	return &deriverFixture{db: db, endpoints: eps, entries: ents, initPEs: initPEs, health: health, stop: stop,
+		versions: vt.versions, auto: d.flow.off}
 }
 
 // write inserts (or, with del, deletes) objects in one transaction,
@@ -97,6 +109,7 @@ func (f *deriverFixture) waitFor(t *testing.T, want []*PolicyMapEntry) map[strin
 	deadline := time.After(10 * time.Second)
 	for {
 		iter, watch := f.entries.AllWatch(f.db.ReadTxn())
+		var versionsWatch <-chan struct{}
 		revs := map[string]statedb.Revision{}
 		for e, rev := range iter {
 			revs[entryID(e)] = rev
@@ -105,13 +118,33 @@ func (f *deriverFixture) waitFor(t *testing.T, want []*PolicyMapEntry) map[strin
 		for id := range revs {
 			ok = ok && wantIDs[id]
 		}
+		if f.auto { // settled: every row Done and in force
+			for e := range iter {
+				ok = ok && e.Status.Kind == reconciler.StatusKindDone
+			}
+			vs, vw := f.versions.AllWatch(f.db.ReadTxn())
+			for v := range vs {
+				ok = ok && v.settled()
+			}
+			versionsWatch = vw
+		}
 		if ok {
 			return revs
 		}
 		select {
 		case <-watch:
+		case <-versionsWatch:
 		case <-deadline:
-			t.Fatalf("entries never matched: have %d, want %d", len(revs), len(wantIDs))
+			var vs []string
+			for v := range f.versions.All(f.db.ReadTxn()) {
+				vs = append(vs, fmt.Sprintf("%s %+v", strings.Join(v.TableRow(), " "), v.Tiers))
+			}
+			for e := range f.entries.All(f.db.ReadTxn()) {
+				if e.Status.Kind != reconciler.StatusKindDone {
+					vs = append(vs, strings.Join(e.TableRow(), " "))
+				}
+			}
+			t.Fatalf("entries never matched: have %d, want %d; versions:\n%s", len(revs), len(wantIDs), strings.Join(vs, "\n"))
 		}
 	}
 }
@@ -130,9 +163,8 @@ func benchPolicyEndpoint(i int, dst string) *endpoints.PolicyEndpoint {
 }
 
 // TestDeriverTouchesOnlyChangedEntries: when one object changes, only the
-// entries whose bytes change get a new revision (and so reach the
-// reconciler); the entries of every other pod, and the unchanged entries of
-// the same pod, keep theirs.
+// entries of its pod get a new revision (and so reach the reconciler): its
+// new version, whole; the entries of every other pod keep theirs.
 func TestDeriverTouchesOnlyChangedEntries(t *testing.T) {
 	f := startDeriver(t, nodeconfig.Config{EnableIPv4: true})
 	var pes []*endpoints.PolicyEndpoint
@@ -182,8 +214,10 @@ func TestDeriverTouchesOnlyChangedEntries(t *testing.T) {
 			removed++
 		}
 	}
-	if written != 1 || removed != 1 || len(after) != len(before) {
-		t.Errorf("%d entries written, %d removed (of %d, then %d); want 1 and 1", written, removed, len(before), len(after))
+	// The pod's policy changes in one step: its entries are written whole
+	// under a new version (versions.go), the other pods' are untouched.
+	if written != len(newEntries) || removed != 1 || len(after) != len(before) {
+		t.Errorf("%d entries written, %d removed (of %d, then %d); want %d (the pod's new version) and 1", written, removed, len(before), len(after), len(newEntries))
 	}
 
 	// The object is deleted: exactly its pod's entries go.

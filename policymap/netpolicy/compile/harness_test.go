@@ -37,9 +37,12 @@ type policyHarness struct {
 	entries   statedb.RWTable[*PolicyMapEntry]
 	ops       *policymap.Maps[*PolicyMapEntry]
 	state     *policyState
-	node      nodeconfig.Config
-	initDone  func(statedb.WriteTxn) // nil once policy-endpoints is initialized
-	stop      func()
+	versions  *policyVersions
+	// versionsTable is policy-versions.
+	versionsTable statedb.Table[*PodVersions]
+	node          nodeconfig.Config
+	initDone      func(statedb.WriteTxn) // nil once policy-endpoints is initialized
+	stop          func()
 }
 
 type harnessOptions struct {
@@ -76,8 +79,8 @@ func startPolicyHarness(tb testing.TB, o harnessOptions) *policyHarness {
 			cell.Provide(func() Settings { return Settings{MaxEntries: bpf.PolicyDefaultMaxEntries} }),
 			endpoints.Cell,
 			Cell,
-			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpoints.PolicyEndpoint], ents statedb.RWTable[*PolicyMapEntry], ops *policymap.Maps[*PolicyMapEntry], st *policyState) {
-				h.db, h.endpoints, h.entries, h.ops, h.state = db, eps, ents, ops, st
+			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpoints.PolicyEndpoint], ents statedb.RWTable[*PolicyMapEntry], ops *policymap.Maps[*PolicyMapEntry], st *policyState, vs *policyVersions, vt statedb.Table[*PodVersions]) {
+				h.db, h.endpoints, h.entries, h.ops, h.state, h.versions, h.versionsTable = db, eps, ents, ops, st, vs, vt
 				wtxn := db.WriteTxn(eps)
 				h.initDone = eps.RegisterInitializer(wtxn, "test-source")
 				wtxn.Commit()
@@ -141,7 +144,7 @@ func (h *policyHarness) setEndpoints(pes []*endpoints.PolicyEndpoint) {
 
 // entryID identifies the desired kernel state of an entry.
 func entryID(e *PolicyMapEntry) string {
-	return fmt.Sprintf("%s %x %x %s", e.Map(), e.MapKey(), e.MapValue(), e.EncodeError())
+	return fmt.Sprintf("%s %x %x %s", e.Map(), bpf.PolicyKeyVersionless(e.MapKey()), e.MapValue(), e.EncodeError())
 }
 
 // waitConverged waits until policy-map-entries holds exactly want, every
@@ -179,9 +182,25 @@ func (h *policyHarness) waitConverged(want []*PolicyMapEntry) {
 				strings.Join(lines, "\n"), strings.Join(entryLines(want), "\n"))
 		}
 	}
+	// Every pod's newest version in force.
+	for {
+		iter, watch := h.versionsTable.AllWatch(h.db.ReadTxn())
+		settled := true
+		for v := range iter {
+			settled = settled && v.settled()
+		}
+		if settled {
+			break
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			h.tb.Fatal("the pods' versions did not settle")
+		}
+	}
 	var wantKernel []string
 	for _, e := range want {
-		wantKernel = append(wantKernel, fmt.Sprintf("%s %x %x", e.Map(), e.MapKey(), e.MapValue()))
+		wantKernel = append(wantKernel, fmt.Sprintf("%s %x %x", e.Map(), bpf.PolicyKeyVersionless(e.MapKey()), e.MapValue()))
 	}
 	slices.Sort(wantKernel)
 	// Deleted rows leave the table before their keys leave the kernel:
@@ -221,7 +240,7 @@ func (h *policyHarness) kernelEntries() []string {
 			if _, _, err := bpf.UnmarshalPolicyKey(fam, key); err != nil {
 				h.tb.Fatalf("%s holds an invalid key: %v", name, err)
 			}
-			out = append(out, fmt.Sprintf("%s %x %x", name, key, value))
+			out = append(out, fmt.Sprintf("%s %x %x", name, bpf.PolicyKeyVersionless(key), value))
 		}
 		if err := iter.Err(); err != nil {
 			h.tb.Fatalf("iterate %s: %v", name, err)
@@ -240,7 +259,11 @@ func (h *policyHarness) rawKernelBytes() []byte {
 // program loads the verdict program on the harness's maps.
 func (h *policyHarness) program() *bpf.PolicyProgram {
 	h.tb.Helper()
-	prog, err := bpf.LoadPolicyProgram(h.kernelMaps())
+	maps := h.kernelMaps()
+	if k, ok := bpf.KernelMaps(h.versions.maps.Opened()); ok {
+		maps[bpf.PolicyVersionsMapName] = k[bpf.PolicyVersionsMapName]
+	}
+	prog, err := bpf.LoadPolicyProgram(maps)
 	if err != nil {
 		h.tb.Fatal(err)
 	}

@@ -133,10 +133,12 @@ func (r *recordingMap) recorded() []string {
 }
 
 // TestPrivilegedPolicyChurnWhileFailing: a destination pod IP changes in
-// the PolicyEndpoint while another entry of the same pod fails in the
-// kernel. The old entry is deleted and the new one added in the same
-// reconciler round (its delete batch and the update batch right after it),
-// the failing entry keeps failing alone, and the stale allow is gone.
+// the PolicyEndpoint while another entry of the pod's new version fails in
+// the kernel. The new version never comes into force: the pod keeps its
+// old one whole (the old destination allowed, the new one not), its row
+// names the failure, and the kernel's verdicts are the old version's. Once
+// the fault goes, the new version comes into force whole and the old
+// one's keys go.
 func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	spec := func(dst string) string {
 		return "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n" +
@@ -144,52 +146,52 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	}
 	pod := netip.MustParseAddr("10.0.0.5")
 	failing, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("172.16.0.0/12"))
-	oldKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.7/32"))
-	newKey, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("10.2.0.8/32"))
-
 	h := startPolicyHarness(t, harnessOptions{})
-	rec := &recordingMap{Map: h.kernelMaps()[bpf.PolicyEgressV4MapName]}
-	h.ops.Interpose(bpf.PolicyEgressV4MapName, rec)
+	prog := h.program()
+	verdict := func(peer string) bool {
+		return runPacket(t, prog, packet{Dir: bpf.Egress, Pod: pod, Peer: netip.MustParseAddr(peer), Proto: 6, Port: 80}).Allow
+	}
+
+	before := mustParse(t, pe("client", spec("10.2.0.7")))
+	h.setEndpoints(before)
+	h.waitConverged(CompilePod(pod, before))
+	if !verdict("10.2.0.7") || verdict("10.2.0.8") {
+		t.Fatal("the first version is not in force")
+	}
+
+	// The new version's 172.16/12 key is refused (whatever its version).
 	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
-		if bytes.Equal(key, failing) {
+		if bytes.Equal(bpf.PolicyKeyVersionless(key), failing) {
 			return errors.New("refused by the test")
 		}
 		return nil
 	})
-
-	before := mustParse(t, pe("client", spec("10.2.0.7")))
-	h.setEndpoints(before)
-	waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
-		return statusOf(rows, oldKey) == "Done" && statusOf(rows, failing) == "Error"
-	})
-
 	after := mustParse(t, pe("client", spec("10.2.0.8")))
 	h.setEndpoints(after)
-	rows := waitEntries(t, h, func(rows []*PolicyMapEntry) bool {
-		return statusOf(rows, newKey) == "Done" && statusOf(rows, oldKey) == ""
-	})
-	if s := statusOf(rows, failing); s != "Error" {
-		t.Errorf("the failing entry is %s", s)
-	}
-
-	kernel := mustList(t, h.kernelMaps())
-	if strings.Contains(kernel, "10.2.0.7/32") || !strings.Contains(kernel, "10.2.0.8/32 tcp/80") || strings.Contains(kernel, "172.16.0.0/12") {
-		t.Errorf("kernel maps:\n%s", kernel)
-	}
-	ops := rec.recorded()
-	i := slices.IndexFunc(ops, func(op string) bool { return strings.HasPrefix(op, "delete") && strings.Contains(op, hexKey(oldKey)) })
-	if i < 0 || i+1 >= len(ops) || !strings.HasPrefix(ops[i+1], "update") || !strings.Contains(ops[i+1], hexKey(newKey)) {
-		t.Errorf("the old entry's delete is not followed by the new entry's update in the same round:\n%s", strings.Join(ops, "\n"))
-	}
-	for _, op := range ops {
-		if strings.Contains(op, hexKey(failing)) {
-			t.Errorf("the failing key reached the map: %s", op)
+	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
+		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+		if !ok {
+			return false, watch, "no versions row"
 		}
+		tv := row.Tiers[bpf.TierNetworkPolicy]
+		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
+	})
+	row, _, _ := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+	if msg := strings.Join(row.TableRow(), " "); !strings.Contains(msg, "refused by the test") || !strings.Contains(msg, "172.16.0.0/12") {
+		t.Errorf("the versions row does not name the failure: %s", msg)
+	}
+	// The old version stays in force, whole: the kernel's verdicts are
+	// its, whatever of the new one is written.
+	if !verdict("10.2.0.7") || verdict("10.2.0.8") {
+		t.Errorf("a version that is not whole came into force:\n%s", mustList(t, h.kernelMaps()))
 	}
 
-	// The fault goes: the failing entry is retried in.
+	// The fault goes: the new version comes into force, whole.
 	h.ops.Faults().SetFaultFunc(nil)
 	h.waitConverged(CompilePod(pod, after))
+	if verdict("10.2.0.7") || !verdict("10.2.0.8") {
+		t.Errorf("the new version is not in force:\n%s", mustList(t, h.kernelMaps()))
+	}
 }
 
 func hexKey(b []byte) string { return hex.EncodeToString(b) }

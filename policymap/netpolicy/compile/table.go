@@ -2,10 +2,12 @@ package compile
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -47,9 +49,13 @@ type templateEntry struct {
 // is encoded when the reconciler asks for it. It prints, and marshals to
 // JSON and YAML, as the fields Map, Pod, Peer, Ports, Error and Status.
 type PolicyMapEntry struct {
-	Pod    netip.Addr
-	Status reconciler.Status
-	t      *templateEntry
+	Pod netip.Addr
+	// Version is the version of the pod's policy the entry belongs to
+	// (versions.go): the programs look the pod's keys up at the version
+	// in force.
+	Version uint32
+	Status  reconciler.Status
+	t       *templateEntry
 }
 
 func (e *PolicyMapEntry) MapName() string  { return e.t.mapName }
@@ -70,7 +76,7 @@ func (e *PolicyMapEntry) Spill() []bpf.SpillEntry { return e.t.value.chunks }
 // does not fail; if it ever did, the nil key fails the operation and the
 // entry shows the error.
 func (e *PolicyMapEntry) MapKey() []byte {
-	k, err := bpf.AppendPolicyKey(make([]byte, 0, 4+2*e.Pod.BitLen()/8), e.Pod, e.t.peer)
+	k, err := bpf.AppendPolicyKeyVersion(make([]byte, 0, 8+2*e.Pod.BitLen()/8), e.Pod, e.Version, e.t.peer)
 	if err != nil {
 		return nil
 	}
@@ -100,7 +106,7 @@ func (e *PolicyMapEntry) SetStatus(s reconciler.Status) *PolicyMapEntry {
 }
 
 // sameDesired reports whether two entries ask for the same kernel state
-// (statuses aside).
+// (statuses and versions aside).
 func (e *PolicyMapEntry) sameDesired(o *PolicyMapEntry) bool {
 	if e.Pod != o.Pod {
 		return false
@@ -111,7 +117,7 @@ func (e *PolicyMapEntry) sameDesired(o *PolicyMapEntry) bool {
 }
 
 func (e *PolicyMapEntry) TableHeader() []string {
-	return []string{"Map", "Pod", "Peer", "Ports", "Status", "Error"}
+	return []string{"Map", "Pod", "Peer", "Ports", "Status", "Error", "Version"}
 }
 
 func (e *PolicyMapEntry) TableRow() []string {
@@ -122,22 +128,24 @@ func (e *PolicyMapEntry) TableRow() []string {
 	if msg := e.Status.GetError(); msg != "" {
 		errs = append(errs, msg)
 	}
-	return []string{e.Map(), e.Pod.String(), e.Peer().String(), e.Ports(), e.Status.Kind.String(), strings.Join(errs, "; ")}
+	return []string{e.Map(), e.Pod.String(), e.Peer().String(), e.Ports(), e.Status.Kind.String(), strings.Join(errs, "; "),
+		strconv.FormatUint(uint64(e.Version), 10)}
 }
 
 // policyMapEntryView is how an entry marshals (statedb dump, db/show
 // --format=json|yaml).
 type policyMapEntryView struct {
-	Map    string            `json:"Map" yaml:"map"`
-	Pod    netip.Addr        `json:"Pod" yaml:"pod"`
-	Peer   netip.Prefix      `json:"Peer" yaml:"peer"`
-	Ports  string            `json:"Ports" yaml:"ports"`
-	Error  string            `json:"Error,omitempty" yaml:"error,omitempty"`
-	Status reconciler.Status `json:"Status" yaml:"status"`
+	Map     string            `json:"Map" yaml:"map"`
+	Pod     netip.Addr        `json:"Pod" yaml:"pod"`
+	Version uint32            `json:"Version" yaml:"version"`
+	Peer    netip.Prefix      `json:"Peer" yaml:"peer"`
+	Ports   string            `json:"Ports" yaml:"ports"`
+	Error   string            `json:"Error,omitempty" yaml:"error,omitempty"`
+	Status  reconciler.Status `json:"Status" yaml:"status"`
 }
 
 func (e *PolicyMapEntry) view() policyMapEntryView {
-	return policyMapEntryView{Map: e.Map(), Pod: e.Pod, Peer: e.Peer(), Ports: e.Ports(), Error: e.EncodeError(), Status: e.Status}
+	return policyMapEntryView{Map: e.Map(), Pod: e.Pod, Version: e.Version, Peer: e.Peer(), Ports: e.Ports(), Error: e.EncodeError(), Status: e.Status}
 }
 
 func (e *PolicyMapEntry) MarshalJSON() ([]byte, error) { return json.Marshal(e.view()) }
@@ -146,30 +154,35 @@ func (e *PolicyMapEntry) MarshalYAML() (any, error) { return e.view(), nil }
 
 // PolicyEntryKey is the primary key of a policy-map entry.
 type PolicyEntryKey struct {
-	Map  string
-	Pod  netip.Addr
-	Peer netip.Prefix
+	Map     string
+	Pod     netip.Addr
+	Peer    netip.Prefix
+	Version uint32
 }
 
-func (e *PolicyMapEntry) Key() PolicyEntryKey { return PolicyEntryKey{e.Map(), e.Pod, e.Peer()} }
+func (e *PolicyMapEntry) Key() PolicyEntryKey {
+	return PolicyEntryKey{e.Map(), e.Pod, e.Peer(), e.Version}
+}
 
 // policyEntryID is the primary key, in bytes that sort by pod (IPv4
-// first), then map, then peer: the pod's address length, the pod, the
-// map's position in bpf.PolicyMapNames (plus one; 0 for a name that is
-// not a policy map), the peer and its length. A pod's entries are the
-// ones under podEntriesPrefix. 11 bytes for IPv4.
-func policyEntryID(mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
-	return mapEntryID(bpf.PolicyMapNames, mapName, pod, peer)
+// first), then map, then peer, then version: the pod's address length,
+// the pod, the map's position in bpf.PolicyMapNames (plus one; 0 for a
+// name that is not a policy map), the peer and its length, the version
+// (big endian). A pod's entries are the ones under podEntriesPrefix. 15
+// bytes for IPv4.
+func policyEntryID(mapName string, pod netip.Addr, peer netip.Prefix, version uint32) index.Key {
+	return mapEntryID(bpf.PolicyMapNames, mapName, pod, peer, version)
 }
 
 // mapEntryID is the key of an entry of one of the maps names, by the map's
 // position in names.
-func mapEntryID(names []string, mapName string, pod netip.Addr, peer netip.Prefix) index.Key {
-	b := make([]byte, 0, 1+pod.BitLen()/8+1+peer.Addr().BitLen()/8+1)
+func mapEntryID(names []string, mapName string, pod netip.Addr, peer netip.Prefix, version uint32) index.Key {
+	b := make([]byte, 0, 1+pod.BitLen()/8+1+peer.Addr().BitLen()/8+1+4)
 	b = podEntriesPrefix(b, pod)
 	b = append(b, byte(slices.Index(names, mapName)+1))
 	b = append(b, peer.Addr().AsSlice()...)
-	return append(b, byte(peer.Bits()))
+	b = append(b, byte(peer.Bits()))
+	return binary.BigEndian.AppendUint32(b, version)
 }
 
 // podEntriesPrefix appends the key prefix of a pod's entries to b.
@@ -185,7 +198,8 @@ func PodEntries(pod netip.Addr) statedb.Query[*PolicyMapEntry] {
 }
 
 // entryKeyFromString parses an entry's key as the shell gives it: "map
-// pod peer" (map one of names), or a pod IP alone for db/prefix.
+// pod peer version" (map one of names), "map pod peer" for db/prefix (its
+// versions), or a pod IP alone for db/prefix.
 func entryKeyFromString(names []string) func(string) (index.Key, error) {
 	return func(s string) (index.Key, error) {
 		f := strings.Fields(s)
@@ -196,9 +210,9 @@ func entryKeyFromString(names []string) func(string) (index.Key, error) {
 				return nil, err
 			}
 			return podEntriesPrefix(nil, pod), nil
-		case 3:
+		case 3, 4:
 		default:
-			return nil, fmt.Errorf("%q: want \"map pod peer\" or a pod IP", s)
+			return nil, fmt.Errorf("%q: want \"map pod peer [version]\" or a pod IP", s)
 		}
 		if !slices.Contains(names, f[0]) {
 			return nil, fmt.Errorf("%q: no map %q (%s)", s, f[0], strings.Join(names, ", "))
@@ -211,20 +225,28 @@ func entryKeyFromString(names []string) func(string) (index.Key, error) {
 		if err != nil {
 			return nil, err
 		}
-		return mapEntryID(names, f[0], pod, peer.Masked()), nil
+		id := mapEntryID(names, f[0], pod, peer.Masked(), 0)
+		if len(f) == 3 {
+			return id[:len(id)-4], nil
+		}
+		v, err := strconv.ParseUint(f[3], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%q: version %q: %w", s, f[3], err)
+		}
+		return binary.BigEndian.AppendUint32(id[:len(id)-4], uint32(v)), nil
 	}
 }
 
-// PolicyEntryIndex is the primary index: pod, map, peer. As a string
-// query: "map pod peer" ("enimasq_egress_v4 10.0.0.5 10.0.0.0/8"), or a
-// pod IP alone for db/prefix.
+// PolicyEntryIndex is the primary index: pod, map, peer, version. As a
+// string query: "map pod peer version" ("enimasq_egress_v4 10.0.0.5
+// 10.0.0.0/8 3"), or "map pod peer" or a pod IP alone for db/prefix.
 var PolicyEntryIndex = statedb.Index[*PolicyMapEntry, PolicyEntryKey]{
 	Name: "id",
 	FromObject: func(e *PolicyMapEntry) index.KeySet {
-		return index.NewKeySet(policyEntryID(e.Map(), e.Pod, e.Peer()))
+		return index.NewKeySet(policyEntryID(e.Map(), e.Pod, e.Peer(), e.Version))
 	},
 	FromKey: func(k PolicyEntryKey) index.Key {
-		return policyEntryID(k.Map, k.Pod, k.Peer)
+		return policyEntryID(k.Map, k.Pod, k.Peer, k.Version)
 	},
 	FromString: entryKeyFromString(bpf.PolicyMapNames),
 	Unique:     true,

@@ -273,7 +273,7 @@ type gatedMap struct {
 func newGatedMap(m bpf.Map, first []*PolicyMapEntry) *gatedMap {
 	g := &gatedMap{Map: m, first: map[string]bool{}, blocked: make(chan struct{}), gate: make(chan struct{}), before: -1}
 	for _, e := range first {
-		g.first[string(e.MapKey())] = true
+		g.first[string(bpf.PolicyKeyVersionless(e.MapKey()))] = true
 	}
 	return g
 }
@@ -296,7 +296,7 @@ func (g *gatedMap) wait(keys [][]byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, k := range keys {
-		if g.before < 0 && g.first[string(k)] {
+		if g.before < 0 && g.first[string(bpf.PolicyKeyVersionless(k))] {
 			g.before = g.written
 		}
 		g.written++
@@ -396,7 +396,7 @@ func TestPrivilegedFlowControlWithTheKernelRefusing(t *testing.T) {
 		refused[string(e.MapKey())] = true
 	}
 	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
-		if refused[string(key)] {
+		if refused[string(bpf.PolicyKeyVersionless(key))] {
 			return errors.New("refused by the test")
 		}
 		return nil

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -87,46 +88,100 @@ type bindingOps struct {
 // Update binds the address to its device. A binding that moves (the pod's
 // device made again, the IP given to another pod) forgets the connections
 // tracked on the other device.
-func (o *bindingOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, b *Binding) error {
+func (o *bindingOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, b *Binding) error {
+	batch := []reconciler.BatchEntry[*Binding]{{Object: b, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// UpdateBatch binds the addresses of a reconcile round, and forgets the
+// connections of those that moved in one walk of the connections.
+func (o *bindingOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*Binding]) {
 	pods, err := o.progs.pods()
 	if err != nil {
-		return fmt.Errorf("policy programs: %w", err)
+		setResults(batch, fmt.Errorf("policy programs: %w", err))
+		return
 	}
-	key := bpf.PolicyPodKey(b.Addr)
-	var old uint32
-	moved := pods.Lookup(key, &old) == nil && int(old) != b.Ifindex
-	if err := pods.Put(key, uint32(b.Ifindex)); err != nil {
-		return fmt.Errorf("bind %s to %s (ifindex %d): %w", b.Addr, b.Device, b.Ifindex, err)
+	// moved: the address's new ifindex, for those that moved.
+	moved := map[netip.Addr]int{}
+	var whys []string
+	var movedEntries []*reconciler.BatchEntry[*Binding]
+	for i := range batch {
+		b := batch[i].Object
+		key := bpf.PolicyPodKey(b.Addr)
+		var old uint32
+		isMoved := pods.Lookup(key, &old) == nil && int(old) != b.Ifindex
+		if err := pods.Put(key, uint32(b.Ifindex)); err != nil {
+			batch[i].Result = fmt.Errorf("bind %s to %s (ifindex %d): %w", b.Addr, b.Device, b.Ifindex, err)
+			continue
+		}
+		batch[i].Result = nil
+		if isMoved {
+			moved[b.Addr] = b.Ifindex
+			movedEntries = append(movedEntries, &batch[i])
+			whys = append(whys, fmt.Sprintf("%s moved from ifindex %d to %s", b.Addr, old, b.Device))
+		}
 	}
-	if moved {
-		// Its own connections on the old device, and the other pods'
-		// connections with it as their peer: the address is another pod's
-		// now, which must not inherit them.
-		return o.forget(func(c bpf.PolicyConnection) bool {
-			return c.Pod == b.Addr && int(c.Ifindex) != b.Ifindex || c.Peer == b.Addr
-		},
-			fmt.Sprintf("%s moved from ifindex %d to %s", b.Addr, old, b.Device))
+	if len(moved) == 0 {
+		return
 	}
-	return nil
+	// Their own connections on the old device, and the other pods'
+	// connections with them as their peer: an address is another pod's
+	// now, which must not inherit them.
+	err = o.forget(func(c bpf.PolicyConnection) bool {
+		if ifindex, ok := moved[c.Pod]; ok && int(c.Ifindex) != ifindex {
+			return true
+		}
+		_, peer := moved[c.Peer]
+		return peer
+	}, whys...)
+	for _, e := range movedEntries {
+		e.Result = err
+	}
 }
 
 // Delete unbinds the address (its route went: the pod, or its device) and
 // forgets its connections.
-func (o *bindingOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, b *Binding) error {
+func (o *bindingOps) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, b *Binding) error {
+	batch := []reconciler.BatchEntry[*Binding]{{Object: b, Revision: rev}}
+	o.DeleteBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// DeleteBatch unbinds the addresses of a reconcile round, their
+// connections forgotten first in one walk.
+func (o *bindingOps) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*Binding]) {
 	pods, err := o.progs.pods()
 	if err != nil {
-		return fmt.Errorf("policy programs: %w", err)
+		setResults(batch, fmt.Errorf("policy programs: %w", err))
+		return
+	}
+	gone := map[netip.Addr]bool{}
+	whys := make([]string, 0, len(batch))
+	for _, e := range batch {
+		gone[e.Object.Addr] = true
+		whys = append(whys, fmt.Sprintf("%s no longer routed to a pod's device", e.Object.Addr))
 	}
 	// The connections go first: a retry after a failure finds the
-	// binding still there to undo.
-	if err := o.forget(func(c bpf.PolicyConnection) bool { return c.Pod == b.Addr || c.Peer == b.Addr },
-		fmt.Sprintf("%s no longer routed to a pod's device", b.Addr)); err != nil {
-		return err
+	// bindings still there to undo.
+	if err := o.forget(func(c bpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, whys...); err != nil {
+		setResults(batch, err)
+		return
 	}
-	if err := pods.Delete(bpf.PolicyPodKey(b.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("unbind %s from %s: %w", b.Addr, b.Device, err)
+	for i := range batch {
+		b := batch[i].Object
+		batch[i].Result = nil
+		if err := pods.Delete(bpf.PolicyPodKey(b.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			batch[i].Result = fmt.Errorf("unbind %s from %s: %w", b.Addr, b.Device, err)
+		}
 	}
-	return nil
+}
+
+// setResults sets the result of every entry of a batch.
+func setResults[Obj any](batch []reconciler.BatchEntry[Obj], err error) {
+	for i := range batch {
+		batch[i].Result = err
+	}
 }
 
 // Prune deletes the bindings that no row holds (an earlier run's) and
@@ -173,15 +228,27 @@ func (o *bindingOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Se
 	return errors.Join(errs...)
 }
 
-// forget deletes the tracked connections that match.
-func (o *bindingOps) forget(match func(bpf.PolicyConnection) bool, why string) error {
-	ct, err := o.progs.ct()
+// forget deletes the tracked connections that match, in one walk of the
+// connections whatever the number of pods or devices match names (whys:
+// one reason each, for the log and the error).
+func (o *bindingOps) forget(match func(bpf.PolicyConnection) bool, whys ...string) error {
+	return forgetConnections(o.log, o.progs, match, whys...)
+}
+
+// forgetConnections is one walk of the connection-tracking map that
+// forgets what match names.
+func forgetConnections(log *slog.Logger, progs *programs, match func(bpf.PolicyConnection) bool, whys ...string) error {
+	ct, err := progs.ct()
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
-	n, err := bpf.ForgetPolicyConnections(ct, match)
+	n, err := forgetPolicyConnections(ct, match)
+	why := strings.Join(whys, ", ")
+	if len(whys) > 3 {
+		why = fmt.Sprintf("%s and %d more", strings.Join(whys[:3], ", "), len(whys)-3)
+	}
 	if n > 0 {
-		o.log.Debug("Forgot tracked connections", "connections", n, "why", why)
+		log.Debug("Forgot tracked connections", "connections", n, "why", why)
 	}
 	if err != nil {
 		return fmt.Errorf("forget the tracked connections (%s): %w", why, err)
@@ -189,22 +256,26 @@ func (o *bindingOps) forget(match func(bpf.PolicyConnection) bool, why string) e
 	return nil
 }
 
+// forgetPolicyConnections is bpf.ForgetPolicyConnections; tests count the
+// walks.
+var forgetPolicyConnections = bpf.ForgetPolicyConnections
+
 // ct is the connection-tracking map, once the state is open.
 func (p *programs) ct() (*ebpf.Map, error) { return p.stateMap(bpf.PolicyCTMapName) }
 
-// forgetDevice forgets the connections tracked on a device that no longer
-// carries the programs, but for those of a pod still bound to it.
-func (o *ops) forgetDevice(a *Attachment) error {
+// forgetDevices forgets the connections tracked on devices that no longer
+// carry the programs (by ifindex), but for those of a pod still bound to
+// the device, in one walk.
+func (o *ops) forgetDevices(devices map[int]bool, whys ...string) error {
 	pods, err := o.progs.pods()
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
-	b := &bindingOps{log: o.log, progs: o.progs}
-	return b.forget(func(c bpf.PolicyConnection) bool {
-		if int(c.Ifindex) != a.Ifindex {
+	return forgetConnections(o.log, o.progs, func(c bpf.PolicyConnection) bool {
+		if !devices[int(c.Ifindex)] {
 			return false
 		}
 		var ifindex uint32
-		return pods.Lookup(bpf.PolicyPodKey(c.Pod), &ifindex) != nil || int(ifindex) != a.Ifindex
-	}, fmt.Sprintf("%s (ifindex %d) no longer carries the programs", a.Device, a.Ifindex))
+		return pods.Lookup(bpf.PolicyPodKey(c.Pod), &ifindex) != nil || ifindex != c.Ifindex
+	}, whys...)
 }

@@ -84,7 +84,9 @@ func register(p params) error {
 	_, err := reconciler.Register(
 		p.Reconcile, p.Table,
 		(*Attachment).Clone, (*Attachment).SetStatus, (*Attachment).GetStatus,
-		o, nil,
+		// Batches: the devices of a round forget their connections in
+		// one walk of the connection-tracking map.
+		o, o,
 		reconciler.WithName("policy-attachments"),
 		// A row in error is checked again within CheckInterval too (the
 		// refresh only checks rows that are Done): a foreign program that
@@ -100,10 +102,13 @@ func register(p params) error {
 	}
 	// Every pod address bound to its device, attached or not: the
 	// programs judge a local pod's address by the device it came from.
+	bops := &bindingOps{log: p.Log, progs: progs}
 	_, err = reconciler.Register(
 		p.Reconcile, p.Bindings,
 		(*Binding).Clone, (*Binding).SetStatus, (*Binding).GetStatus,
-		&bindingOps{log: p.Log, progs: progs}, nil,
+		// Batches: the addresses of a round (a node drained) forget their
+		// connections in one walk of the connection-tracking map.
+		bops, bops,
 		reconciler.WithName("policy-bindings"),
 		reconciler.WithRetry(p.Settings.CheckInterval/10, p.Settings.CheckInterval*10),
 		reconciler.WithPruning(p.Settings.CheckInterval),

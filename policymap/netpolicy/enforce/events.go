@@ -90,6 +90,8 @@ type Events struct {
 	db       *statedb.DB
 	table    statedb.Table[*Attachment]
 	now      func() time.Time
+	// limiter limits the log lines per pod and reason.
+	limiter *eventLogLimiter
 
 	// Devices by ifindex, from the attachments table (the reader's
 	// own: no lock).
@@ -124,6 +126,7 @@ func newEvents(p eventsParams) *Events {
 	return &Events{
 		log: p.Log, settings: p.Settings, names: p.Names, db: p.DB, table: p.Table, now: time.Now,
 		subs: map[*subscriber]struct{}{}, done: make(chan struct{}),
+		limiter: newEventLogLimiter(eventLogRate, eventLogBurst, eventLogKeys),
 	}
 }
 
@@ -184,6 +187,22 @@ func (e *Events) read(ctx context.Context, health cell.Health, state func(name s
 	stop := context.AfterFunc(ctx, func() { rd.Close() })
 	defer stop()
 	defer rd.Close()
+	// The packets not logged are summed up every eventLogFlush, and when
+	// the reader stops.
+	flushDone := make(chan struct{})
+	defer func() { close(flushDone); e.flushLog() }()
+	go func() {
+		t := time.NewTicker(eventLogFlush)
+		defer t.Stop()
+		for {
+			select {
+			case <-flushDone:
+				return
+			case <-t.C:
+				e.flushLog()
+			}
+		}
+	}()
 	e.setErr(nil)
 	health.OK("reading the policy events ring buffer")
 	var rec ringbuf.Record
@@ -199,6 +218,9 @@ func (e *Events) read(ctx context.Context, health cell.Health, state func(name s
 		}
 	}
 }
+
+// flushLog logs the summaries of the packets not logged.
+func (e *Events) flushLog() { logSuppressed(e.log, e.limiter.flush(), e.now()) }
 
 func (e *Events) setErr(err error) {
 	e.mu.Lock()
@@ -224,10 +246,17 @@ func (e *Events) handle(raw []byte) error {
 		return err
 	}
 	ev := e.event(pe)
-	e.log.Info("Policy denied",
-		"pod", ev.Pod, "peer", ev.Peer, "protocol", bpf.ProtocolName(uint32(ev.Protocol)),
-		"sport", ev.SrcPort, "dport", ev.DstPort, "direction", ev.Direction, "step", ev.Step,
-		"object", objectText(ev), "reason", ev.ReasonText, "device", ev.Device)
+	// The log line is limited per pod and reason (eventlog.go); the event
+	// is kept and served all the same.
+	now := e.now()
+	logged, summaries := e.limiter.allow(eventLogKey{ev.Pod, ev.Reason}, now)
+	logSuppressed(e.log, summaries, now)
+	if logged {
+		e.log.Info("Policy denied",
+			"pod", ev.Pod, "peer", ev.Peer, "protocol", bpf.ProtocolName(uint32(ev.Protocol)),
+			"sport", ev.SrcPort, "dport", ev.DstPort, "direction", ev.Direction, "step", ev.Step,
+			"object", objectText(ev), "reason", ev.ReasonText, "device", ev.Device)
+	}
 	e.publish(ev)
 	return nil
 }

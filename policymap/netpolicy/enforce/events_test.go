@@ -388,7 +388,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // privilegedPrograms are the programs with their state pinned in a fresh
 // bpffs, on placeholder policy maps.
-func privilegedPrograms(t *testing.T, s Settings) (*programs, Settings) {
+func privilegedPrograms(t testing.TB, s Settings) (*programs, Settings) {
 	t.Helper()
 	s.GlobalsDir = filepath.Join(celltest.MountBPFFS(t), "globals")
 	p := &programs{settings: s, maps: func(context.Context) (map[string]*ebpf.Map, error) { return map[string]*ebpf.Map{}, nil }}

@@ -9,8 +9,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-
-	"github.com/enimasq/enimasq/cells/nldump"
 )
 
 // Another enforcer on a pod's device (the AWS network policy agent's tc
@@ -62,10 +60,11 @@ func othersOnHook(ifindex int, h hook, own, pinned link.ID, skip map[ebpf.Progra
 	if err != nil {
 		return nil, fmt.Errorf("device of ifindex %d: %w", ifindex, err)
 	}
-	filters, err := nldump.Filters(l, h.parent)
+	// No clsact qdisc: an empty list. An error is not "no filters": the
+	// row would say Done with another enforcer's filter unseen.
+	filters, err := listFilters(l, h.parent)
 	if err != nil {
-		// No clsact qdisc: no filters.
-		return out, nil
+		return nil, fmt.Errorf("the %s's tc filters: %w", h.name, err)
 	}
 	for _, f := range filters {
 		// Only bpf filters enforce (the AWS agent's, Calico's, Cilium's tc

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -62,6 +63,18 @@ func requireClsact(ifindex int) error {
 	return nil
 }
 
+// listFilters lists the tc filters of a link under parent. A device
+// without a clsact qdisc has none: the kernel answers an empty list, not
+// an error. An error is one, never "no filters" (it would let enimasq
+// replace another writer's filter, or take its own for gone). Tests put a
+// fault-injecting fake here.
+var listFilters = nldump.Filters
+
+// linkGone says whether err means the device is gone (its filters with it).
+func linkGone(err error) bool {
+	return errors.As(err, new(netlink.LinkNotFoundError)) || errors.Is(err, unix.ENODEV)
+}
+
 // notOthersFilter refuses to replace another writer's filter at enimasq's
 // priority and handle.
 func notOthersFilter(ifindex int, h hook) error {
@@ -69,9 +82,9 @@ func notOthersFilter(ifindex int, h hook) error {
 	if err != nil {
 		return err
 	}
-	filters, err := nldump.Filters(l, h.parent)
+	filters, err := listFilters(l, h.parent)
 	if err != nil {
-		return nil // no filters yet
+		return fmt.Errorf("the %s's tc filters: %w", h.name, err)
 	}
 	for _, f := range filters {
 		a := f.Attrs()
@@ -195,30 +208,109 @@ func (o *ops) attachTC(a *Attachment, h hook, prog *ebpf.Program) error {
 }
 
 // Delete takes the programs off the device, then forgets its connections.
-func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a *Attachment) error {
-	var errs []error
-	for _, h := range hooks {
-		errs = append(errs, o.detach(a.Device, h))
-		if link, err := netlink.LinkByIndex(a.Ifindex); err == nil && link.Attrs().Name == a.Device {
-			errs = append(errs, deleteTCFilter(a.Ifindex, h))
+func (o *ops) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, a *Attachment) error {
+	batch := []reconciler.BatchEntry[*Attachment]{{Object: a, Revision: rev}}
+	o.DeleteBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// DeleteBatch takes the programs off the devices of a reconcile round,
+// then forgets their connections in one walk. A device renamed (the same
+// ifindex, another name: the row of its new name takes its links over)
+// keeps its programs and its connections: no packet passes unjudged.
+func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*Attachment]) {
+	devices := map[int]bool{}
+	var whys []string
+	var forgetting []*reconciler.BatchEntry[*Attachment]
+	for i := range batch {
+		a := batch[i].Object
+		batch[i].Result = nil
+		link, err := netlink.LinkByIndex(a.Ifindex)
+		if err == nil && link.Attrs().Name != a.Device && o.enforcedOn(a, link) {
+			o.log.Info("Pod device renamed: its policy programs stay attached, for the row of its new name",
+				"device", a.Device, "renamed-to", link.Attrs().Name, "ifindex", a.Ifindex)
+			o.forgetOthers(a.Device)
+			continue
+		}
+		var errs []error
+		for _, h := range hooks {
+			errs = append(errs, o.detach(a.Device, h))
+			if err == nil && link.Attrs().Name == a.Device {
+				errs = append(errs, deleteTCFilter(a.Ifindex, h))
+			}
+		}
+		o.forgetOthers(a.Device)
+		batch[i].Result = errors.Join(errs...)
+		// The bindings are policy-bindings' (they hold whether or not the
+		// device is attached); the connections tracked on the device go
+		// with it, but for those of a pod still bound to it.
+		devices[a.Ifindex] = true
+		whys = append(whys, fmt.Sprintf("%s (ifindex %d) no longer carries the programs", a.Device, a.Ifindex))
+		forgetting = append(forgetting, &batch[i])
+	}
+	if len(devices) == 0 {
+		return
+	}
+	if err := o.forgetDevices(devices, whys...); err != nil {
+		for _, e := range forgetting {
+			e.Result = errors.Join(e.Result, err)
 		}
 	}
-	// The bindings are policy-bindings' (they hold whether or not the
-	// device is attached); the connections tracked on the device go with
-	// it, but for those of a pod still bound to it.
-	errs = append(errs, o.forgetDevice(a))
-	o.forgetOthers(a.Device)
-	return errors.Join(errs...)
+}
+
+// UpdateBatch is Update of each row of a reconcile round.
+func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*Attachment]) {
+	for i := range batch {
+		batch[i].Result = o.Update(ctx, txn, batch[i].Revision, batch[i].Object)
+	}
+}
+
+// enforcedOn says whether enimasq's programs are on the device of a's
+// ifindex, now named otherwise (a rename): a tcx link held on the
+// device's hook (for a's name, or for the new name already), or enimasq's
+// tc filter on it.
+func (o *ops) enforcedOn(a *Attachment, l netlink.Link) bool {
+	o.tcx.mu.Lock()
+	for k, held := range o.tcx.links {
+		for _, h := range hooks {
+			// Held for a's name, or already taken over by the row of
+			// the new name (not a new device's that got the ifindex).
+			if h.name == k.side && (k.device == a.Device || held.renamedFrom == a.Device) && onHook(held.link, a, h) {
+				o.tcx.mu.Unlock()
+				return true
+			}
+		}
+	}
+	o.tcx.mu.Unlock()
+	for _, h := range hooks {
+		filters, err := listFilters(l, h.parent)
+		if err != nil {
+			continue
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName && f.Attrs().Handle != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func deleteTCFilter(ifindex int, h hook) error {
 	l, err := netlink.LinkByIndex(ifindex)
+	if linkGone(err) {
+		return nil // its filters went with it
+	}
 	if err != nil {
+		return fmt.Errorf("ip link show index %d: %w", ifindex, err)
+	}
+	// No clsact qdisc: an empty list. An error is not "none there".
+	filters, err := listFilters(l, h.parent)
+	if linkGone(err) {
 		return nil
 	}
-	filters, err := nldump.Filters(l, h.parent)
 	if err != nil {
-		return nil // no clsact qdisc
+		return fmt.Errorf("the tc filters of the %s of ifindex %d: %w", h.name, ifindex, err)
 	}
 	for _, f := range filters {
 		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName {

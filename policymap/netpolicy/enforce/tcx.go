@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/enimasq/enimasq/bpf"
 )
@@ -37,6 +38,12 @@ type heldLink struct {
 	// hook, by program ID: the row is an error while any of them stays
 	// attached, even though enimasq's was put back first.
 	intruders map[ebpf.ProgramID]string
+	// bypassForgotten are the intruders the device's connections were
+	// forgotten for (forgetBypassed), while they stay attached.
+	bypassForgotten map[ebpf.ProgramID]bool
+	// renamedFrom is the device's name before a rename, when the link
+	// was taken over from the row of that name (adoptRenamed).
+	renamedFrom string
 }
 
 func (t *tcxLinks) set(k tcxKey, h *heldLink) {
@@ -69,6 +76,9 @@ func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
 		held = nil
 	}
 	if held == nil {
+		held = o.adoptRenamed(a, h, key)
+	}
+	if held == nil {
 		var err error
 		if held, err = o.adoptOrAttach(a, h, prog, path); err != nil {
 			return err
@@ -86,6 +96,53 @@ func (o *ops) attachTCX(a *Attachment, h hook, prog *ebpf.Program) error {
 		err = o.othersError(a, h, others)
 	}
 	return joinLine(append(errs, err)...)
+}
+
+// adoptRenamed takes over the link of a device renamed to a.Device (the
+// same ifindex): held for its old name, or pinned under it (a restart
+// between). The link never leaves the device, so no packet passes
+// unjudged across the rename; keepPinned moves its pin to the new name.
+// Nil when the device is not named a.Device now (a stale row), or no
+// such link is there.
+func (o *ops) adoptRenamed(a *Attachment, h hook, key tcxKey) *heldLink {
+	l, err := netlink.LinkByIndex(a.Ifindex)
+	if err != nil || l.Attrs().Name != a.Device {
+		return nil
+	}
+	for k, held := range o.tcx.links {
+		if k.side == h.name && k.device != a.Device && onHook(held.link, a, h) {
+			delete(o.tcx.links, k)
+			held.pinned = false // its pin is the old name's
+			held.renamedFrom = k.device
+			o.tcx.set(key, held)
+			o.log.Info("Pod device renamed: its policy link follows it", "device", a.Device, "was", k.device, "side", h.name, "ifindex", a.Ifindex)
+			return held
+		}
+	}
+	entries, _ := os.ReadDir(o.settings.LinksDir)
+	for _, e := range entries {
+		device, side, ok := cutLast(e.Name(), "_")
+		if !ok || side != h.name || device == a.Device {
+			continue
+		}
+		pl, err := link.LoadPinnedLink(filepath.Join(o.settings.LinksDir, e.Name()), nil)
+		if err != nil {
+			continue
+		}
+		if !onHook(pl, a, h) {
+			pl.Close()
+			continue
+		}
+		held, err := newHeldLink(pl, false)
+		if err != nil {
+			continue
+		}
+		held.renamedFrom = device
+		o.tcx.set(key, held)
+		o.log.Info("Pod device renamed: its pinned policy link follows it", "device", a.Device, "was", device, "side", h.name, "ifindex", a.Ifindex)
+		return held
+	}
+	return nil
 }
 
 // adoptOrAttach returns the pinned link if it is on the hook (a restart:
@@ -113,7 +170,7 @@ func newHeldLink(l link.Link, pinned bool) (*heldLink, error) {
 		l.Close()
 		return nil, fmt.Errorf("link info: %w", err)
 	}
-	return &heldLink{link: l, id: info.ID, pinned: pinned, intruders: map[ebpf.ProgramID]string{}}, nil
+	return &heldLink{link: l, id: info.ID, pinned: pinned, intruders: map[ebpf.ProgramID]string{}, bypassForgotten: map[ebpf.ProgramID]bool{}}, nil
 }
 
 // onHook says whether l is attached to the device's hook (a link whose
@@ -168,16 +225,27 @@ func (o *ops) keepFirst(a *Attachment, h hook, prog *ebpf.Program, held *heldLin
 		attached[p.ID] = true
 	}
 	maps.DeleteFunc(held.intruders, func(id ebpf.ProgramID, _ string) bool { return !attached[id] })
+	maps.DeleteFunc(held.bypassForgotten, func(id ebpf.ProgramID, _ bool) bool { return !attached[id] })
 	var moveErr error
 	if ahead := chain.Programs[:pos]; len(ahead) > 0 {
+		// The connections are forgotten once a foreign program got ahead,
+		// not at each retry while it stays attached (each would wipe the
+		// device's connections again: replies the policy allows, denied
+		// once their entries are gone).
+		forget := false
 		for _, p := range ahead {
 			held.intruders[p.ID] = describeProgram(p)
+			forget = forget || !held.bypassForgotten[p.ID]
 		}
 		o.log.Warn("A foreign tcx program is ahead of enimasq's policy program: putting enimasq's back first",
 			"device", a.Device, "ifindex", a.Ifindex, "side", h.name, "foreign", strings.Join(describeAll(held.intruders), ", "))
 		moveErr = o.moveToHead(a, h, prog, held)
-		if moveErr == nil {
-			moveErr = o.forgetBypassed(a)
+		if moveErr == nil && forget {
+			if moveErr = o.forgetBypassed(a); moveErr == nil {
+				for _, p := range ahead {
+					held.bypassForgotten[p.ID] = true
+				}
+			}
 		}
 	}
 	if len(held.intruders) == 0 {
@@ -238,7 +306,7 @@ func (o *ops) forgetBypassed(a *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
-	n, err := bpf.ForgetPolicyConnections(ct, func(c bpf.PolicyConnection) bool { return int(c.Ifindex) == a.Ifindex })
+	n, err := forgetPolicyConnections(ct, func(c bpf.PolicyConnection) bool { return int(c.Ifindex) == a.Ifindex })
 	o.log.Info("Forgot the connections tracked on the device while a foreign program was ahead",
 		"device", a.Device, "ifindex", a.Ifindex, "connections", n)
 	if err != nil {

@@ -45,9 +45,15 @@ func Uninstall(linksDir string) ([]string, error) {
 	}
 	for _, l := range links {
 		for _, h := range hooks {
-			filters, err := nldump.Filters(l, h.parent)
+			// No clsact qdisc: an empty list. An error is one, not "no
+			// filters" (a filter of enimasq's would stay, reported gone).
+			filters, err := listFilters(l, h.parent)
+			if linkGone(err) {
+				continue
+			}
 			if err != nil {
-				continue // no clsact qdisc
+				errs = append(errs, fmt.Errorf("tc filter show dev %s %s: %w", l.Attrs().Name, h.name, err))
+				continue
 			}
 			for _, f := range filters {
 				bf, ok := f.(*netlink.BpfFilter)

@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -21,10 +22,21 @@ type KernelPolicyEntry struct {
 	Pod   netip.Addr
 	Peer  netip.Prefix
 	Value bpf.PolicyValue
+	// Version is the version of the pod's policy the key belongs to, and
+	// InForce whether it is the one the kernel has in force for the pod
+	// (enimasq_policy_versions): only those decide.
+	Version uint32
+	InForce bool
 }
 
+// String is "map pod peer ports", with the version when it is not in
+// force (one being written, or one being replaced).
 func (e KernelPolicyEntry) String() string {
-	return fmt.Sprintf("%s %s %s %s", e.Map, e.Pod, e.Peer, e.Ports())
+	s := fmt.Sprintf("%s %s %s %s", e.Map, e.Pod, e.Peer, e.Ports())
+	if !e.InForce {
+		s += fmt.Sprintf(" (version %d, not in force)", e.Version)
+	}
+	return s
 }
 
 // Ports is the value as text: a NetworkPolicy value's ports, a cluster
@@ -37,14 +49,28 @@ func (e KernelPolicyEntry) Ports() string {
 }
 
 // ListPolicyMap returns the entries of the policy or cluster map name,
-// sorted by pod then peer, their values read whole from chunks (the map's
-// chunk map; nil when it is not open: a long value is then an error). With
-// a valid pod, only that pod's entries.
-func ListPolicyMap(name string, m, chunks bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
+// sorted by pod then peer then version, their values read whole from chunks
+// (the map's chunk map; nil when it is not open: a long value is then an
+// error), each marked in force or not by versions (the versions map; nil:
+// version 0 is). With a valid pod, only that pod's entries.
+func ListPolicyMap(name string, m, chunks, versions bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
+	tier := bpf.TierNetworkPolicy
 	_, fam, err := bpf.ParsePolicyMapName(name)
 	if err != nil {
 		if _, fam, err = bpf.ParseClusterMapName(name); err != nil {
 			return nil, err
+		}
+		tier = bpf.TierCluster
+	}
+	inForce := func(netip.Addr) uint32 { return bpf.PolicyVersionNone }
+	if versions != nil && !bpf.IsNil(versions) {
+		inForce = func(p netip.Addr) uint32 {
+			v := make([]byte, bpf.PolicyVersionValueSize)
+			if err := versions.Lookup(bpf.PolicyPodKey(p), v); err != nil {
+				return bpf.PolicyVersionNone
+			}
+			np, cl, _ := bpf.DecodePolicyVersions(v)
+			return [2]uint32{np, cl}[tier]
 		}
 	}
 	var lookup func([]byte) ([]byte, error)
@@ -67,7 +93,7 @@ func ListPolicyMap(name string, m, chunks bpf.LookupMap, pod netip.Addr) ([]Kern
 	var out []KernelPolicyEntry
 	value := make([]byte, m.ValueSize())
 	for _, key := range keys {
-		p, peer, err := bpf.UnmarshalPolicyKey(fam, key)
+		p, version, peer, err := bpf.UnmarshalPolicyKeyVersion(fam, key)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -83,13 +109,16 @@ func ListPolicyMap(name string, m, chunks bpf.LookupMap, pod netip.Addr) ([]Kern
 		if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
-		out = append(out, KernelPolicyEntry{Map: name, Pod: p, Peer: peer, Value: v})
+		out = append(out, KernelPolicyEntry{Map: name, Pod: p, Peer: peer, Value: v, Version: version, InForce: version == inForce(p)})
 	}
 	slices.SortFunc(out, func(a, b KernelPolicyEntry) int {
 		if c := a.Pod.Compare(b.Pod); c != 0 {
 			return c
 		}
-		return prefixorder.Compare(a.Peer, b.Peer)
+		if c := prefixorder.Compare(a.Peer, b.Peer); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Version, b.Version)
 	})
 	return out, nil
 }
@@ -121,7 +150,7 @@ func ListPolicyMaps[M bpf.LookupMap](maps map[string]M, pod netip.Addr) (string,
 		if m == nil {
 			continue
 		}
-		entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), pod)
+		entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, bpf.PolicyVersionsMapName), pod)
 		if err != nil {
 			return "", err
 		}

@@ -123,14 +123,14 @@ func longest[M bpf.LookupMap](maps map[string]M, name string, q VerdictQuery) (*
 	if m == nil {
 		return nil, nil
 	}
-	entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), q.Pod)
+	entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, bpf.PolicyVersionsMapName), q.Pod)
 	if err != nil {
 		return nil, err
 	}
 	var best *KernelPolicyEntry
 	for i := range entries {
 		e := &entries[i]
-		if e.Peer.Contains(q.Peer) && (best == nil || e.Peer.Bits() > best.Peer.Bits()) {
+		if e.InForce && e.Peer.Contains(q.Peer) && (best == nil || e.Peer.Bits() > best.Peer.Bits()) {
 			best = e
 		}
 	}

@@ -1,0 +1,136 @@
+package bpf
+
+import (
+	"context"
+	"encoding/binary"
+	"iter"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/sys/unix"
+
+	"github.com/enimasq/enimasq/cells/celltest"
+)
+
+const countSpillMap = "test_chunks"
+
+// spillingEntry is a testEntry whose value continues in chunks of
+// countSpillMap.
+type spillingEntry struct {
+	*testEntry
+	chunks []SpillEntry
+}
+
+func (e *spillingEntry) SpillMap() string    { return countSpillMap }
+func (e *spillingEntry) Spill() []SpillEntry { return e.chunks }
+
+func countChunk(id uint64) SpillEntry {
+	key := binary.LittleEndian.AppendUint64(nil, id)
+	return SpillEntry{Key: key, Value: binary.LittleEndian.AppendUint64(nil, ^id)}
+}
+
+func newSpillingEntry(tb testing.TB, prefix string, chunks ...uint64) *spillingEntry {
+	e := &spillingEntry{testEntry: newPrefixEntry(tb, netip.MustParsePrefix(prefix))}
+	for _, c := range chunks {
+		e.chunks = append(e.chunks, countChunk(c))
+	}
+	return e
+}
+
+func spillObjects(es ...*spillingEntry) iter.Seq2[*spillingEntry, statedb.Revision] {
+	return func(yield func(*spillingEntry, statedb.Revision) bool) {
+		for _, e := range es {
+			if !yield(e, 0) {
+				return
+			}
+		}
+	}
+}
+
+// SpillEntries is the number of distinct chunks the kernel holds, at every
+// step: chunks left by a previous run (counted when the map is set),
+// chunks shared by entries (once), chunks a prune deletes, a full map.
+func TestPrivilegedSpillEntriesCountsTheKernelsChunks(t *testing.T) {
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	lpm := openPinnedForTest(t, IPMasqV4Spec(), dir)
+	chunks := openPinnedForTest(t, &ebpf.MapSpec{Name: countSpillMap, Type: ebpf.Hash, KeySize: 8, ValueSize: 8,
+		MaxEntries: 6, Flags: unix.BPF_F_NO_PREALLOC}, dir)
+	kernel := func() int {
+		keys, err := listKeys(chunks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys.len()
+	}
+	var ops *Ops[*spillingEntry]
+	check := func(step string) {
+		t.Helper()
+		n, ok := ops.SpillEntries(countSpillMap)
+		if want := kernel(); !ok || n != want {
+			t.Errorf("%s: SpillEntries = %d, %t; the kernel holds %d", step, n, ok, want)
+		}
+	}
+
+	// A previous run left two chunks.
+	for _, c := range []uint64{100, 101} {
+		se := countChunk(c)
+		if err := chunks.Put(se.Key, se.Value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ops = NewOps[*spillingEntry](map[string]*ebpf.Map{IPMasqV4MapName: lpm})
+	if _, ok := ops.SpillEntries(countSpillMap); ok {
+		t.Errorf("SpillEntries of a map not set: ok")
+	}
+	ops.SetSpillMap(countSpillMap)
+	ops.SetMap(countSpillMap, chunks)
+	check("set")
+
+	ctx := context.Background()
+	a := newSpillingEntry(t, "10.0.0.0/8", 1, 2)
+	b := newSpillingEntry(t, "10.1.0.0/16", 2, 3) // shares chunk 2 with a
+	if err := ops.Update(ctx, nil, 0, a); err != nil {
+		t.Fatal(err)
+	}
+	batch := []reconciler.BatchEntry[*spillingEntry]{{Object: b}}
+	ops.UpdateBatch(ctx, nil, batch)
+	if batch[0].Result != nil {
+		t.Fatal(batch[0].Result)
+	}
+	check("written") // 100, 101, 1, 2, 3
+	if n, _ := ops.SpillEntries(countSpillMap); n != 5 {
+		t.Errorf("written: %d chunks, want 5", n)
+	}
+
+	// Deleting an entry leaves its chunks to the prune, which keeps b's.
+	if err := ops.Delete(ctx, nil, 0, a); err != nil {
+		t.Fatal(err)
+	}
+	check("entry deleted")
+	if err := ops.Prune(ctx, nil, spillObjects(b)); err != nil {
+		t.Fatal(err)
+	}
+	check("pruned") // 2, 3
+	if n, _ := ops.SpillEntries(countSpillMap); n != 2 {
+		t.Errorf("pruned: %d chunks, want 2", n)
+	}
+
+	// Rewriting chunks the kernel holds counts them once; a full map
+	// counts what it took.
+	c := newSpillingEntry(t, "10.2.0.0/16", 2, 3, 4, 5, 6, 7, 8)
+	if err := ops.Update(ctx, nil, 0, c); err == nil {
+		t.Errorf("7 chunks in a map of 6: no error")
+	}
+	check("full")
+	if n, _ := ops.SpillEntries(countSpillMap); n != 6 {
+		t.Errorf("full: %d chunks, want 6", n)
+	}
+
+	ops.SetMap(countSpillMap, nil)
+	if _, ok := ops.SpillEntries(countSpillMap); ok {
+		t.Errorf("SpillEntries of a closed map: ok")
+	}
+}

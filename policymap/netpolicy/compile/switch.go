@@ -1,0 +1,281 @@
+package compile
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+// versionSwitch brings the pods' new versions into force (versions.go):
+// it follows policy-map-entries, cluster-policy-map-entries and
+// policy-versions and, for each pod whose newest version of a tier is
+// whole in the kernel (every row Done), makes it Active in the pod's
+// policy-versions row, which the reconciler writes to
+// enimasq_policy_versions; once that row is Done, the tier's deriver
+// deletes the rows of the version that was in force before (under its
+// flow control: cleanup in versions.go). A tier is switched only once its
+// entries are initialized (every object compiled): until then the
+// versions an earlier run left in force stay.
+type versionSwitch struct {
+	log      *slog.Logger
+	db       *statedb.DB
+	versions statedb.RWTable[*PodVersions]
+	policy   statedb.RWTable[*PolicyMapEntry]
+	cluster  statedb.RWTable[*ClusterMapEntry]
+	pes      statedb.Table[*endpoints.PolicyEndpoint]
+	cpes     statedb.Table[*endpoints.ClusterPolicyEndpoint]
+	state    *policyVersions
+	initDone func(statedb.WriteTxn)
+
+	// failed holds, per pod, why a version cannot come into force.
+	failed map[netip.Addr]string
+}
+
+// switchPart is how many pods the switch looks at in one transaction.
+const switchPart = 256
+
+// tierRow is a tier's row of a pod of a pod: version and status of each.
+type tierRow struct {
+	version uint32
+	status  reconciler.Status
+	what    string // map and peer, for messages
+}
+
+func (s *versionSwitch) rows(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip.Addr) iter.Seq[tierRow] {
+	return func(yield func(tierRow) bool) {
+		if tier == bpf.TierNetworkPolicy {
+			for e := range s.policy.Prefix(txn, PodEntries(pod)) {
+				if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
+					return
+				}
+			}
+			return
+		}
+		for e := range s.cluster.Prefix(txn, ClusterPodEntries(pod)) {
+			if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
+				return
+			}
+		}
+	}
+}
+
+func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
+	if !s.state.wait(ctx) {
+		return nil
+	}
+	s.state.mu.Lock()
+	restored := s.state.restored
+	s.state.restored = nil
+	s.state.mu.Unlock()
+	wtxn := s.db.WriteTxn(s.versions, s.policy, s.cluster)
+	for pod, vs := range restored {
+		row := &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
+		for i := range tiers {
+			row.Tiers[i].Active = vs[i]
+		}
+		s.versions.Insert(wtxn, row)
+	}
+	s.initDone(wtxn)
+	versionChanges, err1 := s.versions.Changes(wtxn)
+	policyChanges, err2 := s.policy.Changes(wtxn)
+	clusterChanges, err3 := s.cluster.Changes(wtxn)
+	wtxn.Commit()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return fmt.Errorf("watch the policy versions: %w", err)
+	}
+	if len(restored) > 0 {
+		s.log.Info("Policy versions in force restored", "pods", len(restored))
+	}
+	s.failed = map[netip.Addr]string{}
+	var initialized [len(tiers)]bool
+	for {
+		txn := s.db.ReadTxn()
+		dirty := map[netip.Addr]struct{}{}
+		vb, vw := versionChanges.Next(txn)
+		for c := range vb {
+			dirty[c.Object.Pod] = struct{}{}
+		}
+		pb, pw := policyChanges.Next(txn)
+		for c := range pb {
+			dirty[c.Object.Pod] = struct{}{}
+		}
+		cb, cw := clusterChanges.Next(txn)
+		for c := range cb {
+			dirty[c.Object.Pod] = struct{}{}
+		}
+		var initWatch []<-chan struct{}
+		for i, t := range []statedb.TableMeta{s.policy, s.cluster} {
+			if initialized[i] {
+				continue
+			}
+			ok, ch := t.Initialized(txn)
+			if !ok {
+				initWatch = append(initWatch, ch)
+				continue
+			}
+			initialized[i] = true
+			for v := range s.versions.All(txn) { // every pod may switch now
+				dirty[v.Pod] = struct{}{}
+			}
+		}
+		if len(dirty) > 0 {
+			// In parts: the reconcilers write their rows' statuses in
+			// these tables, and wait while a part is worked.
+			pods := sortedAddrs(dirty)
+			for len(pods) > 0 {
+				n := min(len(pods), switchPart)
+				s.work(pods[:n], initialized)
+				pods = pods[n:]
+			}
+			s.report(health)
+		}
+		var init0, init1 <-chan struct{}
+		if len(initWatch) > 0 {
+			init0 = initWatch[0]
+		}
+		if len(initWatch) > 1 {
+			init1 = initWatch[1]
+		}
+		select {
+		case <-vw:
+		case <-pw:
+		case <-cw:
+		case <-init0:
+		case <-init1:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// work looks at the pods: cleans up after a switch that is in the kernel,
+// and switches the tiers whose newest version is whole.
+func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
+	wtxn := s.db.WriteTxn(s.versions, s.policy, s.cluster)
+	defer wtxn.Commit()
+	// Rows are listed in a snapshot (listing in a write transaction
+	// freezes the tree): wtxn holds the tables' locks, so it is current.
+	txn := s.db.ReadTxn()
+	for _, pod := range pods {
+		row, _, ok := s.versions.Get(wtxn, PodVersionsIndex.Query(pod))
+		if !ok {
+			delete(s.failed, pod)
+			continue
+		}
+		if k := row.Status.Kind; k != reconciler.StatusKindDone && k != reconciler.StatusKindRefreshing {
+			continue // the kernel may hold either version: wait
+		}
+		next := row.Clone()
+		switched := false
+		var failures []string
+		for i, tier := range tiers {
+			tv := &next.Tiers[i]
+			if !initialized[i] || tv.Want == tv.Active {
+				tv.Failed = ""
+				continue
+			}
+			whole, failure := s.whole(txn, tier, pod, *tv)
+			switch {
+			case whole:
+				tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
+				switched = true
+			case failure != "":
+				tv.Failed = failure
+				failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
+					versionText(tv.Want), keeps(tv.Active), failure))
+				if tv.Active == bpf.PolicyVersionNone {
+					tv.Active = bpf.PolicyVersionClosed // none to keep: fail closed
+					switched = true
+				}
+			}
+		}
+		if len(failures) > 0 {
+			s.failed[pod] = fmt.Sprintf("pod %s (%s): %s", pod, s.objects(txn, pod), strings.Join(failures, "; "))
+		} else {
+			delete(s.failed, pod)
+		}
+		switch {
+		case switched:
+			s.versions.Insert(wtxn, next.SetStatus(reconciler.StatusPending()))
+		case *next != *row:
+			s.versions.Insert(wtxn, next)
+		}
+	}
+}
+
+// whole says whether a tier's newest version of a pod is in the kernel
+// whole, or else why it cannot be (a row the kernel refused), if so.
+func (s *versionSwitch) whole(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip.Addr, tv TierVersions) (bool, string) {
+	if tv.Want == bpf.PolicyVersionNone {
+		return true, ""
+	}
+	done, failure := 0, ""
+	for r := range s.rows(txn, tier, pod) {
+		if r.version != tv.Want {
+			continue
+		}
+		switch r.status.Kind {
+		case reconciler.StatusKindDone, reconciler.StatusKindRefreshing:
+			done++
+		case reconciler.StatusKindError:
+			if failure == "" {
+				failure = r.what + ": " + r.status.GetError()
+			}
+		}
+	}
+	return done == tv.Rows, failure
+}
+
+func keeps(active uint32) string {
+	switch active {
+	case bpf.PolicyVersionNone:
+		return "the pod is closed (it had none)"
+	case bpf.PolicyVersionClosed:
+		return "the pod stays closed"
+	}
+	return "the pod keeps version " + versionText(active)
+}
+
+// objects names the objects that select a pod.
+func (s *versionSwitch) objects(txn statedb.ReadTxn, pod netip.Addr) string {
+	var out []string
+	for pe := range s.pes.List(txn, endpoints.PolicyEndpointPodIndex.Query(pod)) {
+		out = append(out, pe.Key())
+	}
+	for cpe := range s.cpes.List(txn, endpoints.ClusterPolicyEndpointPodIndex.Query(pod)) {
+		out = append(out, "cluster "+cpe.Key())
+	}
+	if len(out) == 0 {
+		return "no object"
+	}
+	return strings.Join(out, ", ")
+}
+
+// report sets health: Degraded, naming a few pods, their objects and the
+// reasons, while a version cannot come into force.
+func (s *versionSwitch) report(health cell.Health) {
+	if len(s.failed) == 0 {
+		health.OK("Every pod's newest policy version in force or being written")
+		return
+	}
+	msgs := make([]string, 0, len(s.failed))
+	for _, m := range s.failed {
+		msgs = append(msgs, m)
+	}
+	slices.SortFunc(msgs, cmp.Compare)
+	health.Degraded(fmt.Sprintf("%d pods' new policy versions cannot be written whole", len(msgs)),
+		errors.New(strings.Join(msgs[:min(len(msgs), 3)], "; ")))
+}

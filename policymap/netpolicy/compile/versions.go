@@ -1,0 +1,328 @@
+package compile
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/policymap"
+)
+
+// Versions of a pod's policy.
+//
+// A pod's policy changes in one step. The derivers never change the rows
+// of a version that may be in force: a pod whose compiled entries change
+// gets a new version, all its entries written anew under it (versionDiff),
+// while the old version stays in force. The switch (switch.go) brings the
+// new version into force once every one of its entries is in the kernel
+// (Done) — one update of the pod's entry in enimasq_policy_versions, per
+// tier — and deletes the old version's entries only once that update is
+// Done. A version that cannot be written whole (a full map, an error)
+// never comes into force: the pod keeps the version it has, or, with
+// none, is closed (bpf.PolicyVersionClosed: denied), and health names the
+// pod, its objects and the reason until it is written.
+//
+// Versions are numbered for the whole node, from 1; the numbers handed out
+// are recorded in the kernel (bpf.SetPolicyVersionsHighWater) before use,
+// so an agent that restarts never reuses a number whose entries an earlier
+// run may have left behind. The prune of the policy maps keeps the
+// entries of the versions the kernel has in force (keep), so a restart
+// never deletes them before their pod has switched to the new run's.
+
+// versionBlock is how many version numbers are recorded as handed out at
+// a time.
+const versionBlock = 1 << 16
+
+// policyVersions hands out version numbers and holds the versions map.
+type policyVersions struct {
+	maps *policymap.Maps[*PodVersions]
+
+	mu        sync.Mutex
+	next      uint32
+	highWater uint32 // recorded in the kernel: numbers below are handed out
+
+	// ready is closed once the versions an earlier run left are read
+	// (restore): no number is handed out before.
+	ready    chan struct{}
+	restored map[netip.Addr][2]uint32
+}
+
+func newPolicyVersions(p policymap.MapsParams) *policyVersions {
+	return &policyVersions{maps: policymap.NewMaps[*PodVersions](p, PolicyVersionsTableName), next: 1, ready: make(chan struct{})}
+}
+
+// wait waits until the versions an earlier run left are read; false if ctx
+// is done first.
+func (v *policyVersions) wait(ctx context.Context) bool {
+	select {
+	case <-v.ready:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// kernelMaps are the versions map's operations (one map).
+func (v *policyVersions) kernelMaps() *policymap.Maps[*PodVersions] { return v.maps }
+
+// versionsMap is the open versions map, nil before start.
+func (v *policyVersions) versionsMap() bpf.PinnedMap {
+	return v.maps.Opened()[bpf.PolicyVersionsMapName]
+}
+
+// alloc hands out a new version number.
+func (v *policyVersions) alloc(log *slog.Logger) uint32 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.next == 0 || v.next == bpf.PolicyVersionClosed {
+		v.next = 1 // after 4 billion versions
+	}
+	n := v.next
+	v.next++
+	if n >= v.highWater || v.highWater-n > versionBlock {
+		hw := n + versionBlock
+		if m := v.versionsMap(); m != nil {
+			if err := bpf.SetPolicyVersionsHighWater(m, hw); err != nil {
+				log.Warn("Cannot record the policy versions handed out: a restart may reuse them", "error", err)
+			}
+		}
+		v.highWater = hw
+	}
+	return n
+}
+
+// restore reads the versions the kernel has in force (an earlier run's)
+// and the numbers handed out, so that this run goes on from them; then
+// the derivers may hand out numbers (ready). Called once, at start.
+func (v *policyVersions) restore() error {
+	defer close(v.ready)
+	m := v.versionsMap()
+	if m == nil {
+		return nil
+	}
+	pods, hw, err := bpf.PolicyVersions(m)
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.restored = pods
+	next := hw
+	for _, vs := range pods {
+		for _, x := range vs {
+			if x != bpf.PolicyVersionClosed && x >= next {
+				next = x + 1
+			}
+		}
+	}
+	if next > v.next {
+		v.next = next
+	}
+	v.highWater = hw
+	return nil
+}
+
+// inForce returns the versions the kernel has in force for a pod.
+func (v *policyVersions) inForce(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, bool) {
+	val := make([]byte, bpf.PolicyVersionValueSize)
+	if err := m.Lookup(bpf.PolicyPodKey(pod), val); err != nil {
+		return [2]uint32{}, false
+	}
+	np, cl, err := bpf.DecodePolicyVersions(val)
+	if err != nil {
+		return [2]uint32{}, false
+	}
+	return [2]uint32{np, cl}, true
+}
+
+// keep is the prune's KeepFunc for the maps of a tier: it keeps the keys
+// of the version the kernel has in force for their pod (and the chunks
+// of their values), which no row may hold after a restart.
+func (v *policyVersions) keep(tier bpf.PolicyTier, kernel func() map[string]bpf.PinnedMap) bpf.KeepFunc {
+	return func() func(string, []byte) bool {
+		versions := v.versionsMap()
+		if versions == nil {
+			return func(string, []byte) bool { return false }
+		}
+		open := kernel()
+		lists := map[string]bool{} // chunk list ids of kept values
+		return func(name string, key []byte) bool {
+			if len(key) == bpf.PolicyChunkKeySize {
+				return lists[string(key[:16])]
+			}
+			var f bpf.Family
+			switch len(key) {
+			case bpf.PolicyKeySizeV4:
+				f = bpf.IPv4
+			case bpf.PolicyKeySizeV6:
+				f = bpf.IPv6
+			default:
+				return false
+			}
+			pod, version, _, err := bpf.UnmarshalPolicyKeyVersion(f, key)
+			if err != nil || version == bpf.PolicyVersionNone {
+				return false
+			}
+			vs, ok := v.inForce(versions, pod)
+			if !ok || vs[tier] != version {
+				return false
+			}
+			if m := open[name]; m != nil {
+				val := make([]byte, bpf.PolicyValueSize)
+				if err := m.Lookup(key, val); err == nil {
+					lists[string(val[8:24])] = true
+				}
+			}
+			return true
+		}
+	}
+}
+
+// versionedRow is what the rows of both tiers have in common.
+type versionedRow[E any] interface {
+	comparable
+	Key() PolicyEntryKey
+	GetStatus() reconciler.Status
+	sameDesired(E) bool
+	// atVersion is a copy at a version, Pending.
+	atVersion(uint32) E
+}
+
+// versionDiff compares a pod's desired entries (at no version) with the
+// rows of its newest version (tv.Want; rows are the pod's rows of the
+// tier; done: the pod's versions row is Done, the kernel has tv.Active in
+// force and no longer tv.Prev). Unchanged, it returns no fresh rows. Changed,
+// the desired entries are written whole under a new version (alloc). Either
+// way the pod's rows of versions neither in force nor newest go (an older
+// Want that never came into force; with done, the version the last switch
+// replaced), and next is the tier's versions after it.
+func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool, desired []E, alloc func() uint32) (fresh, stale []E, next TierVersions, changed bool) {
+	inForce := func(v uint32) bool { return v == tv.Active || !done && v == tv.Prev }
+	current := map[PolicyEntryKey]E{}
+	for r := range rows {
+		k := r.Key()
+		switch {
+		case k.Version == tv.Want && tv.Want != bpf.PolicyVersionNone:
+			k.Version = 0
+			current[k] = r
+		case !inForce(k.Version):
+			stale = append(stale, r)
+		}
+	}
+	next = tv
+	if done {
+		next.Prev = bpf.PolicyVersionNone
+	}
+	same := len(current) == len(desired)
+	for _, d := range desired {
+		if !same {
+			break
+		}
+		r, ok := current[d.Key()]
+		same = ok && r.sameDesired(d)
+	}
+	if same {
+		return nil, stale, next, len(stale) > 0 || next != tv
+	}
+	if !inForce(tv.Want) {
+		for _, r := range current {
+			stale = append(stale, r)
+		}
+	}
+	next.Want, next.Rows, next.Failed = bpf.PolicyVersionNone, 0, ""
+	if len(desired) > 0 {
+		next.Want, next.Rows = alloc(), len(desired)
+		fresh = make([]E, len(desired))
+		for i, d := range desired {
+			fresh[i] = d.atVersion(next.Want)
+		}
+	}
+	return fresh, stale, next, true
+}
+
+// cleanup returns a pod's rows of versions neither in force nor newest
+// (see versionDiff), without compiling the pod, and its versions after.
+func cleanup[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool) (stale []E, next TierVersions) {
+	next = tv
+	if done {
+		next.Prev = bpf.PolicyVersionNone
+	}
+	for r := range rows {
+		if v := r.Key().Version; v != tv.Want && v != tv.Active && (done || v != tv.Prev) {
+			stale = append(stale, r)
+		}
+	}
+	return stale, next
+}
+
+// needsCleanup lists the pods whose versions row of a tier, in a batch of
+// changes, has a replaced version whose rows may go (Done, Prev set).
+func needsCleanup(batch iter.Seq2[statedb.Change[*PodVersions], statedb.Revision], tier bpf.PolicyTier) []netip.Addr {
+	var out []netip.Addr
+	for c := range batch {
+		if !c.Deleted && c.Object.Tiers[tier].Prev != bpf.PolicyVersionNone && c.Object.Status.Kind == reconciler.StatusKindDone {
+			out = append(out, c.Object.Pod)
+		}
+	}
+	return out
+}
+
+func (e *PolicyMapEntry) atVersion(v uint32) *PolicyMapEntry {
+	c := *e
+	c.Version, c.Status = v, reconciler.StatusPending()
+	return &c
+}
+
+func (e *ClusterMapEntry) atVersion(v uint32) *ClusterMapEntry {
+	c := *e
+	c.Version, c.Status = v, reconciler.StatusPending()
+	return &c
+}
+
+// setTier records a tier's versions in the pod's row (made if missing),
+// keeping its status: the kernel's entry changes only when the switch
+// changes Active. A row left with no version of any tier goes.
+func setTier(wtxn statedb.WriteTxn, table statedb.RWTable[*PodVersions], pod netip.Addr, tier bpf.PolicyTier, tv TierVersions) {
+	row, _, ok := table.Get(wtxn, PodVersionsIndex.Query(pod))
+	if !ok {
+		row = &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
+	} else {
+		row = row.Clone()
+	}
+	row.Tiers[tier] = tv
+	if row.empty() && row.Status.Kind == reconciler.StatusKindDone {
+		if ok {
+			table.Delete(wtxn, row)
+		}
+		return
+	}
+	table.Insert(wtxn, row)
+}
+
+// tierOf reads a pod's versions of a tier in txn, and whether its row is
+// Done (the kernel has Active in force).
+func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier bpf.PolicyTier) (TierVersions, bool) {
+	row, _, ok := table.Get(txn, PodVersionsIndex.Query(pod))
+	if !ok {
+		return TierVersions{}, true
+	}
+	k := row.Status.Kind
+	return row.Tiers[tier], k == reconciler.StatusKindDone || k == reconciler.StatusKindRefreshing
+}
+
+// openVersionsMap is the spec of the versions map, for the start hook.
+func versionsMapSpec() (*ebpf.MapSpec, error) {
+	spec, err := bpf.PolicyVersionsSpec()
+	if err != nil {
+		return nil, fmt.Errorf("versions map: %w", err)
+	}
+	return spec, nil
+}

@@ -1,0 +1,81 @@
+package compile
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+type versionsParams struct {
+	cell.In
+
+	Log        *slog.Logger
+	Lifecycle  cell.Lifecycle
+	Node       nodeconfig.Config
+	Config     policymap.Config
+	Settings   Settings
+	DB         *statedb.DB
+	Jobs       job.Group
+	Versions   statedb.RWTable[*PodVersions]
+	Policy     statedb.RWTable[*PolicyMapEntry]
+	Cluster    statedb.RWTable[*ClusterMapEntry]
+	PEs        statedb.Table[*endpoints.PolicyEndpoint]
+	CPEs       statedb.Table[*endpoints.ClusterPolicyEndpoint]
+	Reconcile  reconciler.Params
+	State      *policyVersions
+	PolicyOps  *policymap.Maps[*PolicyMapEntry]
+	ClusterOps *policymap.Maps[*ClusterMapEntry]
+}
+
+// registerVersions opens enimasq_policy_versions, reconciles policy-versions
+// into it and runs the switch (switch.go). The prunes of both tiers' maps
+// keep the entries of the versions the kernel has in force.
+func registerVersions(p versionsParams) error {
+	if p.Settings.Off != "" {
+		return nil
+	}
+	wtxn := p.DB.WriteTxn(p.Versions)
+	initDone := p.Versions.RegisterInitializer(wtxn, "restore-policy-versions")
+	wtxn.Commit()
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			spec, err := versionsMapSpec()
+			if err != nil {
+				return err
+			}
+			if err := p.State.maps.Open(p.Log, spec, p.Node.GlobalsDir()); err != nil {
+				return err
+			}
+			if err := p.State.restore(); err != nil {
+				// Without them, a pod's old entries may be pruned before
+				// its new version is in force: say so, go on with what the
+				// tables say.
+				p.Log.Warn("Cannot read the policy versions in force", "error", err)
+			}
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			p.State.maps.Close()
+			return nil
+		},
+	})
+	p.PolicyOps.SetKeep(p.State.keep(bpf.TierNetworkPolicy, p.PolicyOps.Opened))
+	p.ClusterOps.SetKeep(p.State.keep(bpf.TierCluster, p.ClusterOps.Opened))
+	s := &versionSwitch{log: p.Log, db: p.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,
+		pes: p.PEs, cpes: p.CPEs, state: p.State, initDone: initDone}
+	p.Jobs.Add(job.OneShot("switch-policy-versions", s.run))
+	p.Jobs.Add(job.Timer("check-policy-versions-pin", func(context.Context) error { return p.State.maps.CheckPins(p.Log) },
+		p.Config.BPFMapRefreshInterval))
+	_, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "policy-versions", p.Versions,
+		(*PodVersions).Clone, (*PodVersions).SetStatus, (*PodVersions).GetStatus, p.State.maps.Ops(), p.State.maps.Ops())
+	return err
+}

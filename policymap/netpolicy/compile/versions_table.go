@@ -1,0 +1,153 @@
+package compile
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/bpf"
+)
+
+// PolicyVersionsTableName is the table of the versions of the pods'
+// policies.
+const PolicyVersionsTableName = "policy-versions"
+
+// tiers are the tiers with a version of their own: the NetworkPolicy maps
+// (policy-map-entries) and the cluster maps (cluster-policy-map-entries).
+var tiers = [...]bpf.PolicyTier{bpf.TierNetworkPolicy, bpf.TierCluster}
+
+// TierVersions is where a pod's policy of one tier stands.
+type TierVersions struct {
+	// Active is the version in force: the one written to
+	// enimasq_policy_versions (0: none; bpf.PolicyVersionClosed: denied).
+	Active uint32
+	// Prev is the version in force before Active, until the row is Done
+	// (the kernel may still use it): its entries stay until then.
+	Prev uint32
+	// Want is the newest version the deriver wrote (0: the pod has no
+	// entries of the tier), and Rows its entries: it comes into force
+	// once all of them are Done.
+	Want uint32
+	Rows int
+	// Failed is why Want cannot come into force (an entry the kernel
+	// refuses), while it cannot.
+	Failed string
+}
+
+func (t TierVersions) text() string {
+	s := versionText(t.Active)
+	if t.Want != t.Active {
+		s += " (" + versionText(t.Want) + " pending)"
+	}
+	return s
+}
+
+func versionText(v uint32) string {
+	switch v {
+	case bpf.PolicyVersionNone:
+		return "none"
+	case bpf.PolicyVersionClosed:
+		return "closed"
+	}
+	return strconv.FormatUint(uint64(v), 10)
+}
+
+// PodVersions is a pod IP's versions, per tier: the row of
+// enimasq_policy_versions. The derivers write Want and Rows, the switch
+// (switch.go) Active, Prev and Failed. Objects in the table are immutable.
+type PodVersions struct {
+	Pod    netip.Addr
+	Tiers  [len(tiers)]TierVersions
+	Status reconciler.Status
+}
+
+func (v *PodVersions) MapName() string { return bpf.PolicyVersionsMapName }
+func (v *PodVersions) MapKey() []byte  { return bpf.PolicyPodKey(v.Pod) }
+func (v *PodVersions) MapValue() []byte {
+	return bpf.EncodePolicyVersions(v.Tiers[0].Active, v.Tiers[1].Active)
+}
+
+func (v *PodVersions) Clone() *PodVersions { c := *v; return &c }
+
+func (v *PodVersions) GetStatus() reconciler.Status { return v.Status }
+
+func (v *PodVersions) SetStatus(s reconciler.Status) *PodVersions {
+	v.Status = s
+	return v
+}
+
+// settled says whether the pod needs nothing more: every tier's newest
+// version in force, no older one left.
+func (v *PodVersions) settled() bool {
+	for _, t := range v.Tiers {
+		if t.Want != t.Active || t.Prev != 0 {
+			return false
+		}
+	}
+	return v.Status.Kind == reconciler.StatusKindDone
+}
+
+// empty says whether the pod has no version of any tier.
+func (v *PodVersions) empty() bool {
+	for _, t := range v.Tiers {
+		if t.Want != 0 || t.Active != 0 || t.Prev != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (v *PodVersions) TableHeader() []string {
+	return []string{"Pod", "NetworkPolicy", "Cluster", "Status", "Error"}
+}
+
+func (v *PodVersions) TableRow() []string {
+	errs := v.Status.GetError()
+	for i, t := range v.Tiers {
+		if t.Failed != "" {
+			if errs != "" {
+				errs += "; "
+			}
+			errs += fmt.Sprintf("%s version %s: %s", tierNames[i], versionText(t.Want), t.Failed)
+		}
+	}
+	return []string{v.Pod.String(), v.Tiers[0].text(), v.Tiers[1].text(), v.Status.Kind.String(), errs}
+}
+
+var tierNames = [...]string{"NetworkPolicy", "cluster"}
+
+type podVersionsView struct {
+	Pod           netip.Addr        `json:"Pod" yaml:"pod"`
+	NetworkPolicy TierVersions      `json:"NetworkPolicy" yaml:"networkPolicy"`
+	Cluster       TierVersions      `json:"Cluster" yaml:"cluster"`
+	Status        reconciler.Status `json:"Status" yaml:"status"`
+}
+
+func (v *PodVersions) MarshalJSON() ([]byte, error) {
+	return json.Marshal(podVersionsView{v.Pod, v.Tiers[0], v.Tiers[1], v.Status})
+}
+
+func (v *PodVersions) MarshalYAML() (any, error) {
+	return podVersionsView{v.Pod, v.Tiers[0], v.Tiers[1], v.Status}, nil
+}
+
+// PodVersionsIndex is the primary index: the pod IP.
+var PodVersionsIndex = statedb.Index[*PodVersions, netip.Addr]{
+	Name: "pod",
+	FromObject: func(v *PodVersions) index.KeySet {
+		return index.NewKeySet(index.NetIPAddr(v.Pod))
+	},
+	FromKey:    index.NetIPAddr,
+	FromString: index.NetIPAddrString,
+	Unique:     true,
+}
+
+// NewPolicyVersionsTable creates and registers policy-versions.
+func NewPolicyVersionsTable(db *statedb.DB) (statedb.RWTable[*PodVersions], error) {
+	return statedb.NewTable(db, PolicyVersionsTableName, PodVersionsIndex)
+}
