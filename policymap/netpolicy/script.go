@@ -8,9 +8,11 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
@@ -24,7 +26,8 @@ import (
 // policyScriptCommands are the shell and script-test commands of the
 // network-policy maps: they read the kernel maps (not the tables), run the
 // verdict program on them, and inject faults.
-func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all compile.KernelMaps, names enforce.ObjectNames) hive.ScriptCmdsOut {
+func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all compile.KernelMaps, names enforce.ObjectNames,
+	db *statedb.DB, versions statedb.Table[*compile.PodVersions]) hive.ScriptCmdsOut {
 	podFlag := func(fs *pflag.FlagSet) { fs.String("pod", "", "Only the entries of this pod IP") }
 	podOf := func(s *script.State) (netip.Addr, error) {
 		v, err := s.Flags.GetString("pod")
@@ -41,6 +44,11 @@ func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all comp
 		return inspect.ListPolicyMaps(all.Opened(), pod)
 	}
 	judge := func(queries [][]string) (string, error) {
+		// The verdicts of the settled state: every pod's newest version
+		// in force (a test asks after the tables show its change).
+		if err := compile.WaitVersionsSettled(db, versions, 10*time.Second); err != nil {
+			return "", err
+		}
 		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
 		if kernel, ok := bpf.KernelMaps(all.Opened()); ok {
 			p, err := bpf.LoadPolicyProgram(kernel)

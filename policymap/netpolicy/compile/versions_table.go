@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -150,4 +152,32 @@ var PodVersionsIndex = statedb.Index[*PodVersions, netip.Addr]{
 // NewPolicyVersionsTable creates and registers policy-versions.
 func NewPolicyVersionsTable(db *statedb.DB) (statedb.RWTable[*PodVersions], error) {
 	return statedb.NewTable(db, PolicyVersionsTableName, PodVersionsIndex)
+}
+
+// WaitVersionsSettled waits until every pod's newest version of each tier
+// is in force, none failing (for script commands and tests); an error
+// naming the pods that are not after timeout.
+func WaitVersionsSettled(db *statedb.DB, table statedb.Table[*PodVersions], timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for {
+		iter, watch := table.AllWatch(db.ReadTxn())
+		var waiting []string
+		for v := range iter {
+			failed := false
+			for _, t := range v.Tiers {
+				failed = failed || t.Failed != ""
+			}
+			if !v.settled() && !failed {
+				waiting = append(waiting, strings.Join(v.TableRow(), " "))
+			}
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			return fmt.Errorf("policy versions not in force after %s: %s", timeout, strings.Join(waiting, "; "))
+		}
+	}
 }
