@@ -1,6 +1,7 @@
 package test
 
 import (
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -25,6 +26,10 @@ func TestPrivilegedMetricsAtZeroAndModuleHealth(t *testing.T) {
 		"--ciliumnode-path", filepath.Join(a.Dir, "node", "ciliumnode.yaml"),
 		"--enable-network-policy", "--policy-endpoints-path", filepath.Join(a.Dir, "pe"),
 		"--prometheus-serve-addr", addr)
+	// The policy directory exists (a missing one keeps health Degraded).
+	if err := os.MkdirAll(filepath.Join(a.Dir, "pe"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	a.Start()
 	a.WaitHealthy()
 	a.WaitFor("ipmasq OK in the metrics", func() bool { return scrapeMetrics(t, addr)["enimasq_module_health,level=ok,module=ipmasq"] == 1 })

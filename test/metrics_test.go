@@ -93,7 +93,7 @@ func TestPrivilegedDbgStatusListsRowsInError(t *testing.T) {
 	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--policy-map-max-entries", "2")
 	a.Start()
 
-	row := regexp.MustCompile(`\n  policy-map-entries \{"Map":"enimasq_egress_v4","Peer":"[0-9./]+","Pod":"10\.130\.100\.133","Ports":"[^"]+"\}: update enimasq_egress_v4 key .*: no space left on device\n`)
+	row := regexp.MustCompile(`\n  policy-map-entries \{"Map":"enimasq_egress_v4","Peer":"[0-9./]+","Pod":"10\.130\.100\.133","Ports":"[^"]+"(,"Version":\d+)?\}: update enimasq_egress_v4 key .*: no space left on device\n`)
 	var out string
 	a.WaitFor("rows in error listed", func() bool {
 		var err error

@@ -86,6 +86,11 @@ func kernelPolicyMaps(ops compile.KernelMaps) enforce.PolicyMaps {
 		if !ok {
 			return nil, errors.New("the policy maps are not open")
 		}
+		// Without the versions map a program would look every pod's keys
+		// up at version 0: no policy.
+		if maps[bpf.PolicyVersionsMapName] == nil {
+			return nil, errors.New(bpf.PolicyVersionsMapName + " is not open")
+		}
 		return maps, nil
 	}
 }
