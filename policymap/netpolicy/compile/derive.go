@@ -18,7 +18,6 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/cells/tablesync"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -667,15 +666,6 @@ func (d *policyDeriver) compilingText() string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, "; ")
-}
-
-// entryRows are the policy-map-entries rows, as the deriver writes them:
-// compared without their status, new and changed ones Pending.
-var entryRows = tablesync.Rows[*PolicyMapEntry, PolicyEntryKey]{
-	Key:    (*PolicyMapEntry).Key,
-	Query:  PolicyEntryIndex.Query,
-	Same:   (*PolicyMapEntry).sameDesired,
-	Insert: func(e *PolicyMapEntry) *PolicyMapEntry { return e.SetStatus(reconciler.StatusPending()) },
 }
 
 func sortedAddrs(set map[netip.Addr]struct{}) []netip.Addr {

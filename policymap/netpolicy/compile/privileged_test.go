@@ -2,20 +2,16 @@ package compile
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
@@ -82,56 +78,6 @@ func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
 	return out
 }
 
-// recordingMap records the keys of the batch operations the reconciler
-// makes, in order.
-type recordingMap struct {
-	bpf.Map
-	mu  sync.Mutex
-	ops []string // "delete <hex keys>" / "update <hex keys>"
-}
-
-func (r *recordingMap) record(op string, keys any) {
-	var b strings.Builder
-	b.WriteString(op)
-	switch ks := keys.(type) {
-	case []byte:
-		b.WriteString(" " + hexKey(ks))
-	default:
-		for _, k := range byteSlices(keys) {
-			b.WriteString(" " + hexKey(k))
-		}
-	}
-	r.mu.Lock()
-	r.ops = append(r.ops, b.String())
-	r.mu.Unlock()
-}
-
-func (r *recordingMap) Put(key, value any) error {
-	r.record("update", key)
-	return r.Map.Put(key, value)
-}
-
-func (r *recordingMap) Delete(key any) error {
-	r.record("delete", key)
-	return r.Map.Delete(key)
-}
-
-func (r *recordingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
-	r.record("update", keys)
-	return r.Map.BatchUpdate(keys, values, opts)
-}
-
-func (r *recordingMap) BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error) {
-	r.record("delete", keys)
-	return r.Map.BatchDelete(keys, opts)
-}
-
-func (r *recordingMap) recorded() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.ops)
-}
-
 // TestPrivilegedPolicyChurnWhileFailing: a destination pod IP changes in
 // the PolicyEndpoint while another entry of the pod's new version fails in
 // the kernel. The new version never comes into force: the pod keeps its
@@ -194,8 +140,6 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	}
 }
 
-func hexKey(b []byte) string { return hex.EncodeToString(b) }
-
 // byteSlices returns the elements of a slice of byte arrays (a batch of
 // keys) as byte slices.
 func byteSlices(keys any) [][]byte {
@@ -211,30 +155,6 @@ func byteSlices(keys any) [][]byte {
 }
 
 // statusOf is the status kind of the entry with key, "" if absent.
-func statusOf(rows []*PolicyMapEntry, key []byte) string {
-	for _, r := range rows {
-		if bytes.Equal(r.MapKey(), key) {
-			return r.Status.Kind.String()
-		}
-	}
-	return ""
-}
-
-func waitEntries(t *testing.T, h *policyHarness, cond func([]*PolicyMapEntry) bool) []*PolicyMapEntry {
-	t.Helper()
-	var rows []*PolicyMapEntry
-	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
-		iter, watch := h.entries.AllWatch(h.db.ReadTxn())
-		rows = statedb.Collect(iter)
-		var lines []string
-		for _, r := range rows {
-			lines = append(lines, strings.Join(r.TableRow(), " "))
-		}
-		return cond(rows), watch, "entries:\n" + strings.Join(lines, "\n")
-	})
-	return rows
-}
-
 // TestPrivilegedPolicyIdenticalBytes: identical input, in any order, gives
 // byte-identical kernel maps, run after run (each run a fresh agent on a
 // fresh bpffs).
