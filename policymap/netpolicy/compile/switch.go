@@ -38,7 +38,6 @@ type versionSwitch struct {
 	pes      statedb.Table[*endpoints.PolicyEndpoint]
 	cpes     statedb.Table[*endpoints.ClusterPolicyEndpoint]
 	state    *policyVersions
-	initDone func(statedb.WriteTxn)
 
 	// failed holds, per pod, why a version cannot come into force.
 	failed map[netip.Addr]string
@@ -73,31 +72,16 @@ func (s *versionSwitch) rows(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip
 }
 
 func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
-	if !s.state.wait(ctx) {
+	if !s.state.wait(ctx) { // the restored versions are in the table
 		return nil
 	}
-	s.state.mu.Lock()
-	restored := s.state.restored
-	s.state.restored = nil
-	s.state.mu.Unlock()
 	wtxn := s.db.WriteTxn(s.versions, s.policy, s.cluster)
-	for pod, vs := range restored {
-		row := &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
-		for i := range tiers {
-			row.Tiers[i].Active = vs[i]
-		}
-		s.versions.Insert(wtxn, row)
-	}
-	s.initDone(wtxn)
 	versionChanges, err1 := s.versions.Changes(wtxn)
 	policyChanges, err2 := s.policy.Changes(wtxn)
 	clusterChanges, err3 := s.cluster.Changes(wtxn)
 	wtxn.Commit()
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return fmt.Errorf("watch the policy versions: %w", err)
-	}
-	if len(restored) > 0 {
-		s.log.Info("Policy versions in force restored", "pods", len(restored))
 	}
 	s.failed = map[netip.Addr]string{}
 	var initialized [len(tiers)]bool

@@ -103,7 +103,6 @@ func (v *policyVersions) alloc(log *slog.Logger) uint32 {
 // and the numbers handed out, so that this run goes on from them; then
 // the derivers may hand out numbers (ready). Called once, at start.
 func (v *policyVersions) restore() error {
-	defer close(v.ready)
 	m := v.versionsMap()
 	if m == nil {
 		return nil
@@ -128,6 +127,19 @@ func (v *policyVersions) restore() error {
 	}
 	v.highWater = hw
 	return nil
+}
+
+// markReady lets the derivers hand out numbers: the restored versions are
+// in policy-versions.
+func (v *policyVersions) markReady() { close(v.ready) }
+
+// takeRestored returns the restored versions, once.
+func (v *policyVersions) takeRestored() map[netip.Addr][2]uint32 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r := v.restored
+	v.restored = nil
+	return r
 }
 
 // inForce returns the versions the kernel has in force for a pod.

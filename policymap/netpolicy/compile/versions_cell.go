@@ -61,6 +61,23 @@ func registerVersions(p versionsParams) error {
 				// tables say.
 				p.Log.Warn("Cannot read the policy versions in force", "error", err)
 			}
+			// The versions in force go into the table before any deriver
+			// writes a pod's row (they wait for ready).
+			restored := p.State.takeRestored()
+			wtxn := p.DB.WriteTxn(p.Versions)
+			for pod, vs := range restored {
+				row := &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
+				for i := range tiers {
+					row.Tiers[i].Active = vs[i]
+				}
+				p.Versions.Insert(wtxn, row)
+			}
+			initDone(wtxn)
+			wtxn.Commit()
+			if len(restored) > 0 {
+				p.Log.Info("Policy versions in force restored", "pods", len(restored))
+			}
+			p.State.markReady()
 			return nil
 		},
 		OnStop: func(cell.HookContext) error {
@@ -71,7 +88,7 @@ func registerVersions(p versionsParams) error {
 	p.PolicyOps.SetKeep(p.State.keep(bpf.TierNetworkPolicy, p.PolicyOps.Opened))
 	p.ClusterOps.SetKeep(p.State.keep(bpf.TierCluster, p.ClusterOps.Opened))
 	s := &versionSwitch{log: p.Log, db: p.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,
-		pes: p.PEs, cpes: p.CPEs, state: p.State, initDone: initDone}
+		pes: p.PEs, cpes: p.CPEs, state: p.State}
 	p.Jobs.Add(job.OneShot("switch-policy-versions", s.run))
 	p.Jobs.Add(job.Timer("check-policy-versions-pin", func(context.Context) error { return p.State.maps.CheckPins(p.Log) },
 		p.Config.BPFMapRefreshInterval))

@@ -47,9 +47,13 @@ func newVersionsFixture(t testing.TB, db *statedb.DB, eps statedb.Table[*endpoin
 	if err := state.restore(); err != nil { // no map: nothing to restore
 		t.Fatal(err)
 	}
+	wtxn = db.WriteTxn(vers)
+	initVersions(wtxn)
+	wtxn.Commit()
+	state.markReady()
 	return &versionsFixture{db: db, versions: vers, entries: ents, state: state,
 		sw: &versionSwitch{log: slog.New(slog.DiscardHandler), db: db, versions: vers, policy: ents, cluster: cluster,
-			pes: eps, cpes: cpes, state: state, initDone: initVersions}}
+			pes: eps, cpes: cpes, state: state}}
 }
 
 // run runs the switch and the reconciler of policy-versions (with entries,
