@@ -616,6 +616,15 @@ func previousSpec(tb testing.TB) (*ebpf.CollectionSpec, string) {
 // prevEntries is the previous program's entries a value.
 const prevEntries = 24
 
+// prevKey is the previous program's IPv4 key of pod and peer, which had no
+// version: {u32 prefixlen = 32 + peer bits (host order); pod; peer} (network
+// order).
+func prevKey(pod netip.Addr, peer netip.Prefix) []byte {
+	key := binary.NativeEndian.AppendUint32(nil, uint32(32+peer.Bits()))
+	key = append(key, pod.AsSlice()...)
+	return append(key, peer.Masked().Addr().AsSlice()...)
+}
+
 // newPrevious loads the previous program with maps of its own, n TCP port
 // entries on each of the pod's peer prefixes, and checks its verdicts.
 func newPrevious(tb testing.TB, spec *ebpf.CollectionSpec, n int) *ebpf.Program {
@@ -632,11 +641,7 @@ func newPrevious(tb testing.TB, spec *ebpf.CollectionSpec, n int) *ebpf.Program 
 	}
 	m := coll.Maps[bpf.PolicyEgressV4MapName]
 	for _, p := range peerPrefixes() {
-		key, err := bpf.EncodePolicyKey(pod, p)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if err := m.Put(key, val); err != nil {
+		if err := m.Put(prevKey(pod, p), val); err != nil {
 			tb.Fatal(err)
 		}
 	}
