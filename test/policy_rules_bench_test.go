@@ -184,7 +184,7 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 		write := source(b, a)
 		a.Start()
 		a.WaitHealthy()
-		var m, cm *ebpf.Map
+		var m, cm, vm *ebpf.Map
 		a.WaitFor("the egress maps pinned", func() bool {
 			var err error
 			m, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
@@ -194,24 +194,50 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 			cm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.ClusterEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
 			if err != nil {
 				m.Close()
+				return false
+			}
+			vm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyVersionsMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			if err != nil {
+				m.Close()
+				cm.Close()
 			}
 			return err == nil
 		})
+		// A rule is in force once it is in the version of its pod's
+		// policy that enimasq_policy_versions says is in force (tier 0:
+		// NetworkPolicy, 1: cluster); a pod without a version has none.
+		inForce := func(pod string, tier int, peer netip.Prefix) ([]byte, bool) {
+			addr := netip.MustParseAddr(pod)
+			v := make([]byte, bpf.PolicyVersionValueSize)
+			if vm.Lookup(bpf.PolicyPodKey(addr), v) != nil {
+				return nil, false
+			}
+			np, cl, err := bpf.DecodePolicyVersions(v)
+			if err != nil {
+				return nil, false
+			}
+			version := [2]uint32{np, cl}[tier]
+			if version == 0 || version == bpf.PolicyVersionClosed {
+				return nil, false
+			}
+			key, err := bpf.AppendPolicyKeyVersion(nil, addr, version, peer)
+			return key, err == nil
+		}
 		// A cluster rule is in once the pod's key of its peer has an
 		// interval for its port (the root's value has none).
 		clusterHolds := func(o, r int) bool {
-			key, _ := bpf.EncodePolicyKey(netip.MustParseAddr(rulesPod), netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(o), byte(r)}), 32))
+			key, ok := inForce(rulesPod, 1, netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(o), byte(r)}), 32))
 			val := make([]byte, bpf.PolicyValueSize)
-			if cm.Lookup(key, val) != nil {
+			if !ok || cm.Lookup(key, val) != nil {
 				return false
 			}
 			v, err := bpf.UnmarshalPolicyValue(val, nil)
 			return err == nil && v.Search(bpf.PortPoint(bpf.ProtocolTCP, uint16(2000+r), true)) >= 0
 		}
 		allows := func(pod string, peer netip.Prefix, port uint16) bool {
-			key, _ := bpf.EncodePolicyKey(netip.MustParseAddr(pod), peer)
+			key, ok := inForce(pod, 0, peer)
 			val := make([]byte, bpf.PolicyValueSize)
-			if m.Lookup(key, val) != nil {
+			if !ok || m.Lookup(key, val) != nil {
 				return false
 			}
 			v, err := bpf.UnmarshalPolicyValue(val, nil)
@@ -268,6 +294,7 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 		}
 		m.Close()
 		cm.Close()
+		vm.Close()
 		for _, q := range [][]string{
 			{"--pod", rulesPod, "--peer", lastPeer.Addr().String(), "--port", fmt.Sprint(lastPort)},
 			{"--pod", rulesOtherPod, "--peer", onePeer.Addr().String(), "--port", "1000"},
