@@ -81,21 +81,29 @@ func (e *APIError) Error() string {
 // Get fetches path and returns the status and body as they are: the caller
 // reads the status (/healthz answers 503 with a body).
 func (c *Client) Get(path string) (int, []byte, error) {
-	return c.send(http.MethodGet, path, nil)
+	return c.Send(http.MethodGet, path, nil)
+}
+
+// Send sends body (as JSON, unless nil) and returns the status and the
+// answer as they are, whatever the status: for a caller that reads an
+// error answer itself. The error is of the call (a *NotRunningError when
+// nothing answers on the socket), never of the status.
+func (c *Client) Send(method, path string, body any) (int, []byte, error) {
+	var data []byte
+	if body != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
+		}
+	}
+	return c.send(method, path, data)
 }
 
 // Do sends body as JSON and decodes a JSON answer into out. An answer of
 // 300 or more is an error: an *APIError when it has the agent's error body,
 // else one that quotes the answer.
 func (c *Client) Do(method, path string, body, out any) (int, error) {
-	var data []byte
-	if body != nil {
-		var err error
-		if data, err = json.Marshal(body); err != nil {
-			return 0, fmt.Errorf("%s %s: %w", method, path, err)
-		}
-	}
-	code, answer, err := c.send(method, path, data)
+	code, answer, err := c.Send(method, path, body)
 	if err != nil {
 		return code, err
 	}
