@@ -274,3 +274,127 @@ func goListDeps(t *testing.T, args ...string) string {
 	}
 	return string(out)
 }
+
+// apiPackage is the one package that writes and reads the agent API's
+// HTTP bodies.
+const apiPackage = "cells/agentapi"
+
+// TestOnlyTheAPIPackageWritesHTTPBodies: no non-test file outside
+// cells/agentapi writes an HTTP answer (its headers, its status, its body:
+// http.ResponseWriter's methods, json.NewEncoder, fmt.Fprint, io.Copy on
+// one, http.Error, a ResponseController) or reads a request's body, so that
+// every endpoint answers the same error body and decodes its request
+// strictly. A handler hands its ResponseWriter and Request to agentapi's
+// helpers (or to another handler) only.
+func TestOnlyTheAPIPackageWritesHTTPBodies(t *testing.T) {
+	files := 0
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "testdata" || path != "." && strings.HasPrefix(d.Name(), ".")):
+			return filepath.SkipDir
+		case d.IsDir() && filepath.ToSlash(path) == apiPackage:
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		files++
+		for _, fault := range httpBodyFaults(t, path) {
+			t.Errorf("%s: only %s writes HTTP answers and reads request bodies", fault, apiPackage)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("%d non-test Go files: not the module", files)
+	}
+}
+
+// httpBodyFaults lists where file writes an answer or reads a request body
+// itself: a use of a parameter of type http.ResponseWriter or *http.Request
+// other than handing it on, and http.Error and http.NewResponseController.
+func httpBodyFaults(t *testing.T, file string) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpName := ""
+	for _, imp := range f.Imports {
+		if path, _ := strconv.Unquote(imp.Path.Value); path == "net/http" {
+			httpName = "http"
+			if imp.Name != nil {
+				httpName = imp.Name.Name
+			}
+		}
+	}
+	if httpName == "" {
+		return nil
+	}
+	isHTTP := func(e ast.Expr, name string) bool {
+		sel, ok := e.(*ast.SelectorExpr)
+		if !ok {
+			return false
+		}
+		x, ok := sel.X.(*ast.Ident)
+		return ok && x.Name == httpName && sel.Sel.Name == name
+	}
+	// The names of the handlers' parameters: writers and requests.
+	writers, requests := map[string]bool{}, map[string]bool{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		ft, ok := n.(*ast.FuncType)
+		if !ok || ft.Params == nil {
+			return true
+		}
+		for _, p := range ft.Params.List {
+			star, isPtr := p.Type.(*ast.StarExpr)
+			for _, name := range p.Names {
+				switch {
+				case isHTTP(p.Type, "ResponseWriter"):
+					writers[name.Name] = true
+				case isPtr && isHTTP(star.X, "Request"):
+					requests[name.Name] = true
+				}
+			}
+		}
+		return true
+	})
+	var faults []string
+	fault := func(n ast.Node, what string) {
+		faults = append(faults, fset.Position(n.Pos()).String()+": "+what)
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.SelectorExpr:
+			x, ok := n.X.(*ast.Ident)
+			switch {
+			case isHTTP(n, "Error") || isHTTP(n, "NewResponseController"):
+				fault(n, httpName+"."+n.Sel.Name)
+			case ok && writers[x.Name]:
+				fault(n, x.Name+"."+n.Sel.Name+" on an http.ResponseWriter")
+			case ok && requests[x.Name] && n.Sel.Name == "Body":
+				fault(n, x.Name+".Body of an *http.Request")
+			}
+		case *ast.CallExpr:
+			sel, ok := n.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			pkg, ok := sel.X.(*ast.Ident)
+			if !ok || !(pkg.Name == "json" || pkg.Name == "fmt" || pkg.Name == "io") {
+				return true
+			}
+			for _, arg := range n.Args {
+				if id, ok := arg.(*ast.Ident); ok && writers[id.Name] {
+					fault(n, pkg.Name+"."+sel.Sel.Name+" on an http.ResponseWriter")
+				}
+			}
+		}
+		return true
+	})
+	return faults
+}

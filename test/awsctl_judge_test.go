@@ -1,15 +1,14 @@
 package test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // awsVerdictSettle is the requirement: after the controller's last write,
@@ -248,25 +247,12 @@ func (e *awsEnv) agentVerdicts(qs []awsQuery) ([]awsGot, error) {
 		proto := map[string]uint32{"tcp": 6, "udp": 17, "sctp": 132}[q.Proto]
 		req.Queries = append(req.Queries, query{Direction: q.Dir, Pod: e.world.pod(q.Pod).IP, Peer: q.Peer, Protocol: proto, Port: q.Port})
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	client := &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", e.agent.APISocket())
-		}},
-	}
-	resp, err := client.Post("http://agent"+awsVerdictPath, "application/json", strings.NewReader(string(body)))
+	code, data, err := agentapi.NewClient(e.agent.APISocket(), 10*time.Second).Send(http.MethodPost, awsVerdictPath, req)
 	if err != nil {
 		return nil, fmt.Errorf("POST %s: %w", awsVerdictPath, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("POST %s: %s: %v\n%s", awsVerdictPath, resp.Status, err, data)
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("POST %s: %d %s\n%s", awsVerdictPath, code, http.StatusText(code), data)
 	}
 	var answer struct {
 		Results []struct {

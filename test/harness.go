@@ -5,11 +5,9 @@ package test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -193,21 +192,7 @@ func (a *Agent) ShellSocket() string { return filepath.Join(a.StateDir, "shell.s
 
 // Get fetches a path from the agent API.
 func (a *Agent) Get(path string) (int, []byte, error) {
-	client := &http.Client{
-		Timeout: 5 * time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", a.APISocket())
-		}},
-	}
-	resp, err := client.Get("http://agent" + path)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	var body bytes.Buffer
-	_, err = body.ReadFrom(resp.Body)
-	return resp.StatusCode, body.Bytes(), err
+	return agentapi.NewClient(a.APISocket(), 5*time.Second).Get(path)
 }
 
 // WaitHealthy waits until /healthz answers 200. The agent is another process:

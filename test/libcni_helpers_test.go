@@ -12,8 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +25,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // nsExec runs plugins in a named netns (ip netns exec), as a runtime on the
@@ -220,50 +220,25 @@ func poolCiliumNode(t *testing.T, n int) string {
 }
 
 // apiClient calls the agent API on its socket.
-type apiClient struct {
-	http *http.Client
-}
+type apiClient struct{ *agentapi.Client }
 
 func newAPIClient(socket string) *apiClient {
-	return &apiClient{http: &http.Client{
-		Timeout: 30 * time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		}},
-	}}
+	return &apiClient{agentapi.NewClient(socket, 30*time.Second)}
 }
 
 // do sends body (JSON, unless nil) and decodes a 2xx answer into out; it
 // returns the status code and the body.
 func (c *apiClient) do(method, path string, body, out any) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return 0, nil, err
-		}
-		rd = bytes.NewReader(data)
-	}
-	req, err := http.NewRequest(method, "http://agent"+path, rd)
+	code, data, err := c.Send(method, path, body)
 	if err != nil {
-		return 0, nil, err
+		return code, data, err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, data, err
-	}
-	if out != nil && resp.StatusCode < 300 {
+	if out != nil && code < 300 {
 		if err := json.Unmarshal(data, out); err != nil {
-			return resp.StatusCode, data, fmt.Errorf("%s %s: %w: %s", method, path, err, data)
+			return code, data, fmt.Errorf("%s %s: %w: %s", method, path, err, data)
 		}
 	}
-	return resp.StatusCode, data, nil
+	return code, data, nil
 }
 
 // allocationRow is one allocation as GET /v1/ipam lists it.

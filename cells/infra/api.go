@@ -1,8 +1,8 @@
 package infra
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"expvar"
 	"fmt"
@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -93,30 +94,28 @@ func newAPIMux(p apiParams) *http.ServeMux {
 	mux.Handle("/statedb/", http.StripPrefix("/statedb", p.DB.HTTPHandler()))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		rep := p.Registry.Report()
-		w.Header().Set("Content-Type", "application/json")
+		code := http.StatusOK
 		if !rep.OK {
-			w.WriteHeader(http.StatusServiceUnavailable)
+			code = http.StatusServiceUnavailable
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+		agentapi.WriteJSONIndent(w, code, rep)
 	})
 	mux.HandleFunc("GET /debug/vars", func(w http.ResponseWriter, r *http.Request) {
 		// The process-wide expvars plus this hive's reconciler metrics, which
 		// are kept unpublished so that several hives can share a process.
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, "{\n%q: %s", "reconciler", p.Metrics.Map().String())
+		var b bytes.Buffer
+		fmt.Fprintf(&b, "{\n%q: %s", "reconciler", p.Metrics.Map().String())
 		expvar.Do(func(kv expvar.KeyValue) {
-			fmt.Fprintf(w, ",\n%q: %s", kv.Key, kv.Value)
+			fmt.Fprintf(&b, ",\n%q: %s", kv.Key, kv.Value)
 		})
-		fmt.Fprintf(w, "\n}\n")
+		fmt.Fprintf(&b, "\n}\n")
+		agentapi.WriteBody(w, http.StatusOK, "application/json", b.Bytes())
 	})
 	mux.Handle("GET /metrics", p.Prometheus.Handler())
 	mux.HandleFunc("GET /v1/config", func(w http.ResponseWriter, r *http.Request) {
 		// The paths a client (enimasq-dbg) needs to find what this agent
 		// made, whatever flags it was started with.
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(AgentPaths{
+		agentapi.WriteJSON(w, http.StatusOK, AgentPaths{
 			BPFRoot:     p.Node.BPFRoot,
 			GlobalsDir:  p.Node.GlobalsDir(),
 			StateDir:    p.Node.StateDir,

@@ -7,14 +7,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 )
 
 // agentClient is the agent API's client with the calls the plugin makes.
-type agentClient struct{ *ipamapi.Client }
+type agentClient struct{ *agentapi.Client }
 
 func newAgentClient(socket string, timeout time.Duration) *agentClient {
-	return &agentClient{ipamapi.NewClient(socket, timeout)}
+	return &agentClient{agentapi.NewClient(socket, timeout)}
 }
 
 // allocate asks for an IP for the request's attachment and waits until its

@@ -10,6 +10,7 @@ import (
 
 	"go4.org/netipx"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -79,10 +80,10 @@ func setup(args *skel.CmdArgs) (*NetConf, ipamapi.Attachment, pod, error) {
 // later" (11) when the agent is not running, or not ready (restoring its
 // checkpoint, reading its CiliumNode).
 func agentError(msg string, err error) error {
-	if errors.As(err, new(*ipamapi.NotRunningError)) {
+	if errors.As(err, new(*agentapi.NotRunningError)) {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+err.Error(), msg)
 	}
-	if e := (*ipamapi.APIError)(nil); errors.As(err, &e) && e.Body.Reason == "not-ready" {
+	if e := (*agentapi.APIError)(nil); errors.As(err, &e) && e.Body.Reason == "not-ready" {
 		return types.NewError(types.ErrTryAgainLater, "enimasq-cni: "+msg, err.Error())
 	}
 	return types.NewError(types.ErrInternal, "enimasq-cni: "+msg, err.Error())
@@ -112,7 +113,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 		return err
 	}
 	err = newAgentClient(conf.AgentSocket, 5*time.Second).canAllocate(conf.Family)
-	var e *ipamapi.APIError
+	var e *agentapi.APIError
 	switch {
 	case err == nil:
 		return nil

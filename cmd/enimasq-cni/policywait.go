@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // policyAnswer is the agent's answer to GET /v1/policy/devices/{device}
@@ -29,7 +29,7 @@ func (c *agentClient) waitPolicy(device string, ip netip.Addr, wait int) error {
 	path := fmt.Sprintf("/v1/policy/devices/%s?%s", url.PathEscape(device),
 		url.Values{"ip": {ip.String()}, "timeout": {fmt.Sprintf("%ds", wait)}}.Encode())
 	code, err := c.Do(http.MethodGet, path, nil, &answer)
-	var agentErr *ipamapi.APIError
+	var agentErr *agentapi.APIError
 	if code == http.StatusNotFound && !errors.As(err, &agentErr) {
 		return nil
 	}

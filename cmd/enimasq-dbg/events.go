@@ -1,19 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,7 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 
@@ -60,70 +57,38 @@ func policyEventsCommand(o *options) *cobra.Command {
 // streamPolicyEvents prints the events the agent on socket serves until
 // the stream ends or ctx does (an interrupt: no error).
 func streamPolicyEvents(ctx context.Context, socket string, follow bool, w io.Writer, format string) error {
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}}
+	timeout, path := time.Duration(0), enforce.EventsPath
 	if !follow {
-		client.Timeout = time.Minute
+		timeout, path = time.Minute, path+"?follow=false"
 	}
-	path := enforce.EventsPath
-	if !follow {
-		path += "?follow=false"
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return ipamapi.NotRunning(socket, err)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("GET %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return eventsError(resp)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for n := 0; sc.Scan(); n++ {
+	n, failed := 0, error(nil)
+	code, err := agentapi.NewClient(socket, timeout).Stream(ctx, path, func(line []byte) error {
 		var ev enforce.Event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return fmt.Errorf("the agent's event %q: %w", sc.Text(), err)
+		if failed = json.Unmarshal(line, &ev); failed != nil {
+			failed = fmt.Errorf("the agent's event %q: %w", line, failed)
+		} else {
+			failed = printPolicyEvent(w, format, n, ev)
 		}
-		if err := printPolicyEvent(w, format, n, ev); err != nil {
-			return err
-		}
-	}
+		n++
+		return failed
+	})
+	var apiErr *agentapi.APIError
 	switch {
-	case ctx.Err() != nil:
+	case failed != nil:
+		return failed
+	case ctx.Err() != nil && !errors.As(err, new(*agentapi.NotRunningError)):
 		return nil
-	case sc.Err() != nil:
-		return fmt.Errorf("reading the agent's events: %w", sc.Err())
+	case err != nil && !errors.As(err, &apiErr) && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed):
+		// An agent without the events API.
+		return fmt.Errorf("the agent has no policy events API (%d %s, an older agent?)", code, http.StatusText(code))
+	case err != nil && code == http.StatusOK:
+		return fmt.Errorf("reading the agent's events: %w", err)
+	case err != nil:
+		return err
 	case follow:
 		return errors.New("the agent ended the stream of events (is it stopping?)")
 	}
 	return nil
-}
-
-// eventsError is the error of an answer other than 200: the agent's
-// error body, or an agent without the events API.
-func eventsError(resp *http.Response) error {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	e := &ipamapi.APIError{Code: resp.StatusCode}
-	if json.Unmarshal(body, &e.Body) == nil && e.Body.Message != "" {
-		return e
-	}
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-		return fmt.Errorf("the agent has no policy events API (%s, an older agent?)", resp.Status)
-	}
-	return fmt.Errorf("agent answered %d to GET %s: %s", resp.StatusCode, enforce.EventsPath, strings.TrimSpace(string(body)))
 }
 
 // printPolicyEvent prints the n-th event: a line, a JSON line, or a YAML

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
@@ -19,14 +20,25 @@ import (
 
 // apiDo sends a request with a JSON body to the agent API and decodes a
 // JSON answer into out. An error answer becomes an error with the agent's
-// message and reason (an *ipamapi.APIError).
+// message and reason (an *agentapi.APIError).
 func apiDo(o *options, method, path string, body, out any, timeout time.Duration) error {
-	code, err := ipamapi.NewClient(o.socket(), timeout).Do(method, path, body, out)
-	var e *ipamapi.APIError
+	code, err := agentapi.NewClient(o.socket(), timeout).Do(method, path, body, out)
+	var e *agentapi.APIError
 	if err != nil && !errors.As(err, &e) && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) {
 		return fmt.Errorf("%w: is ENI IPAM in this agent?", err)
 	}
 	return err
+}
+
+// standingResult is the result of an allocation that stands in the error
+// answer err (its rules failed while waiting), or nil.
+func standingResult(err error) *ipamapi.AllocationResult {
+	var ie *agentapi.APIError
+	var body ipamapi.Error
+	if !errors.As(err, &ie) || json.Unmarshal(ie.Answer, &body) != nil {
+		return nil
+	}
+	return body.Result
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -61,10 +73,9 @@ func ipamCommand(o *options) *cobra.Command {
 			var result allocator.AllocationResult
 			err := apiDo(o, http.MethodPost, path, allocator.Request{Owner: owner, Family: family, IP: ip}, &result,
 				allocator.WaitTimeout+10*time.Second)
-			var ie *ipamapi.APIError
-			if errors.As(err, &ie) && ie.Body.Result != nil {
-				printJSON(cmd.OutOrStdout(), ie.Body.Result)
-				return fmt.Errorf("%s allocated, but: %w", ie.Body.Result.IP, err)
+			if standing := standingResult(err); standing != nil {
+				printJSON(cmd.OutOrStdout(), standing)
+				return fmt.Errorf("%s allocated, but: %w", standing.IP, err)
 			}
 			if err != nil {
 				return err

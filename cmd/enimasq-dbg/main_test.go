@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 func TestExitCodes(t *testing.T) {
@@ -19,7 +19,7 @@ func TestExitCodes(t *testing.T) {
 		{errors.New("bad flag"), 1},
 		{errDegraded, 1},
 		{silentExit{1}, 1},
-		{fmt.Errorf("health: %w", ipamapi.NotRunning("/run/x.sock", errors.New("connect: no such file"))), 2},
+		{fmt.Errorf("health: %w", agentapi.NotRunning("/run/x.sock", errors.New("connect: no such file"))), 2},
 	} {
 		if got := exitCodeOf(tc.err); got != tc.want {
 			t.Errorf("exitCodeOf(%v) = %d, want %d", tc.err, got, tc.want)

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // Exit codes, as cilium-dbg's and kubectl's: 0 OK, 1 an error or a
@@ -34,7 +34,7 @@ var errDegraded = errors.New("agent is degraded")
 // exitCodeOf maps an error of a command to the process's exit code.
 func exitCodeOf(err error) int {
 	var silent silentExit
-	var notRunning *ipamapi.NotRunningError
+	var notRunning *agentapi.NotRunningError
 	switch {
 	case err == nil:
 		return exitOK

@@ -14,7 +14,7 @@ import (
 	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 const defaultStateDir = "/var/run/enimasq"
@@ -65,7 +65,7 @@ func newRootCommand() *cobra.Command {
 // apiGet fetches path from the agent API. Status codes are returned, not
 // turned into errors: /healthz answers 503 with a body.
 func apiGet(o *options, path string) (int, []byte, error) {
-	return ipamapi.NewClient(o.socket(), 10*time.Second).Get(path)
+	return agentapi.NewClient(o.socket(), 10*time.Second).Get(path)
 }
 
 func statedbCommand(o *options) *cobra.Command {
@@ -203,7 +203,7 @@ func shellCommand(o *options) *cobra.Command {
 		}
 		conn, err := net.DialTimeout("unix", f.Value.String(), 2*time.Second)
 		if err != nil {
-			return ipamapi.NotRunning(f.Value.String(), err)
+			return agentapi.NotRunning(f.Value.String(), err)
 		}
 		return conn.Close()
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/ipam/ipamapi"
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
@@ -282,8 +282,8 @@ func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([
 		req.Queries[j] = enforce.VerdictQuery{Direction: q.Direction.String(), Pod: q.Pod, Peer: q.Peer, Protocol: q.Protocol, Port: q.Port}
 	}
 	var answer enforce.VerdictAnswer
-	code, err := ipamapi.NewClient(o.socket(), time.Minute).Do(http.MethodPost, enforce.VerdictPath, req, &answer)
-	var notRunning *ipamapi.NotRunningError
+	code, err := agentapi.NewClient(o.socket(), time.Minute).Do(http.MethodPost, enforce.VerdictPath, req, &answer)
+	var notRunning *agentapi.NotRunningError
 	switch {
 	case errors.As(err, &notRunning), code == http.StatusNotFound, code == http.StatusMethodNotAllowed, code == http.StatusServiceUnavailable:
 		return nil, nil, fmt.Errorf("%w: %v", errNoAgentProgram, err)

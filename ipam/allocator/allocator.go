@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/ciliumnode"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
@@ -23,8 +24,9 @@ import (
 // Errors of the allocator. Each API answer maps one of them to a status
 // code; they are wrapped with the details.
 var (
-	// ErrInvalidRequest: malformed owner, family or IP (400).
-	ErrInvalidRequest = errors.New("invalid request")
+	// ErrInvalidRequest: malformed owner, family or IP, or a body or query
+	// parameter the API cannot read (400): the agent API's.
+	ErrInvalidRequest = agentapi.ErrInvalidRequest
 	// ErrNotInPool: the requested IP is not handed out by this node (404).
 	ErrNotInPool = errors.New("IP not in the pool")
 	// ErrUnknownIP: no allocation holds the IP (404).

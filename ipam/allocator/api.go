@@ -3,17 +3,14 @@ package allocator
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"time"
 
-	"github.com/enimasq/enimasq/cells/strictdecode"
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/ipam/allocations"
 	"github.com/enimasq/enimasq/ipam/ipamapi"
 )
@@ -99,38 +96,26 @@ func errorStatus(err error) (int, string) {
 	}
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
-}
-
+// writeError answers the status and reason of an allocator error, with
+// the result of an allocation that stands.
 func writeError(w http.ResponseWriter, err error, result *AllocationResult) {
 	code, reason := errorStatus(err)
-	writeJSON(w, code, APIError{Message: err.Error(), Reason: reason, Result: result})
+	agentapi.WriteJSONIndent(w, code, APIError{Error: agentapi.Error{Message: err.Error(), Reason: reason}, Result: result})
 }
 
 func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
-	wait, timeout := false, WaitTimeout
-	if s := r.URL.Query().Get("wait"); s != "" {
-		var err error
-		if wait, err = strconv.ParseBool(s); err != nil {
-			writeError(w, fmt.Errorf("%w: wait=%q: want true or false", ErrInvalidRequest, s), nil)
-			return
-		}
+	wait, err := agentapi.QueryBool(r, "wait", false)
+	if err != nil {
+		writeError(w, err, nil)
+		return
 	}
-	if s := r.URL.Query().Get("timeout"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 || d > MaxWaitTimeout {
-			writeError(w, fmt.Errorf("%w: timeout=%q: want a duration up to %s", ErrInvalidRequest, s, MaxWaitTimeout), nil)
-			return
-		}
-		timeout = d
+	timeout, err := agentapi.QueryDuration(r, "timeout", WaitTimeout, MaxWaitTimeout)
+	if err != nil {
+		writeError(w, err, nil)
+		return
 	}
 	var req Request
-	if err := decodeBody(r, &req, `{"owner": "NAMESPACE/POD", "containerID": "...", "ifname": "eth0", "family": "ipv4", "ip": "..."}`); err != nil {
+	if err := agentapi.DecodeBody(r, maxBody, &req, `{"owner": "NAMESPACE/POD", "containerID": "...", "ifname": "eth0", "family": "ipv4", "ip": "..."}`); err != nil {
 		writeError(w, err, nil)
 		return
 	}
@@ -167,28 +152,11 @@ func (a *API) allocate(w http.ResponseWriter, r *http.Request) {
 	if created {
 		code = http.StatusCreated
 	}
-	writeJSON(w, code, result)
+	agentapi.WriteJSONIndent(w, code, result)
 }
 
 // maxBody bounds a request body.
 const maxBody = 1 << 20
-
-// decodeBody decodes a JSON request body strictly: a field given twice, a
-// field the request does not have, or trailing data is refused, naming
-// it; want shows the expected shape.
-func decodeBody(r *http.Request, v any, want string) error {
-	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return fmt.Errorf("%w: body: %w", ErrInvalidRequest, err)
-	}
-	if len(data) > maxBody {
-		return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBody)
-	}
-	if err := (strictdecode.Decoder{}).DecodeJSON(data, v); err != nil {
-		return fmt.Errorf("%w: body: want %s: %w", ErrInvalidRequest, want, err)
-	}
-	return nil
-}
 
 // list answers every allocation, or with ?containerID=&ifname= those of
 // one container's interface (in every network, or in ?network=, which
@@ -211,7 +179,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 			out = append(out, infoOf(al))
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	agentapi.WriteJSONIndent(w, http.StatusOK, out)
 }
 
 // writeReleased answers the allocations a release or GC freed.
@@ -224,14 +192,14 @@ func writeReleased(w http.ResponseWriter, released []*allocations.Allocation, er
 	for _, al := range released {
 		out = append(out, infoOf(al))
 	}
-	writeJSON(w, http.StatusOK, out)
+	agentapi.WriteJSONIndent(w, http.StatusOK, out)
 }
 
 // releaseAttachment frees the IPs of one attachment (the CNI's DEL); an
 // unknown attachment frees nothing and is no error.
 func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
 	var att allocations.Attachment
-	if err := decodeBody(r, &att, `{"network": "...", "containerID": "...", "ifname": "eth0"}`); err != nil {
+	if err := agentapi.DecodeBody(r, maxBody, &att, `{"network": "...", "containerID": "...", "ifname": "eth0"}`); err != nil {
 		writeError(w, err, nil)
 		return
 	}
@@ -242,21 +210,12 @@ func (a *API) releaseAttachment(w http.ResponseWriter, r *http.Request) {
 // gc frees the IPs of every attachment not in the request.
 func (a *API) gc(w http.ResponseWriter, r *http.Request) {
 	var req GCRequest
-	if err := decodeBody(r, &req, `{"network": "...", "validAttachments": [{"containerID": "...", "ifname": "eth0"}]}`); err != nil {
+	if err := agentapi.DecodeBody(r, maxBody, &req, `{"network": "...", "validAttachments": [{"containerID": "...", "ifname": "eth0"}]}`); err != nil {
 		writeError(w, err, nil)
 		return
 	}
 	released, err := a.alloc.GC(req.Network, req.ValidAttachments)
 	writeReleased(w, released, err)
-}
-
-func pathIP(r *http.Request) (netip.Addr, error) {
-	s := r.PathValue("ip")
-	ip, err := netip.ParseAddr(s)
-	if err != nil || ip.Zone() != "" {
-		return netip.Addr{}, fmt.Errorf("%w: %q is not an IP address", ErrInvalidRequest, s)
-	}
-	return ip.Unmap(), nil
 }
 
 // status answers whether an allocation (a CNI ADD) of ?family= (default
@@ -273,11 +232,11 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"free": free})
+	agentapi.WriteJSONIndent(w, http.StatusOK, map[string]int{"free": free})
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) {
-	ip, err := pathIP(r)
+	ip, err := agentapi.PathAddr(r, "ip")
 	if err != nil {
 		writeError(w, err, nil)
 		return
@@ -287,11 +246,11 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, result)
+	agentapi.WriteJSONIndent(w, http.StatusOK, result)
 }
 
 func (a *API) release(w http.ResponseWriter, r *http.Request) {
-	ip, err := pathIP(r)
+	ip, err := agentapi.PathAddr(r, "ip")
 	if err != nil {
 		writeError(w, err, nil)
 		return
@@ -301,5 +260,5 @@ func (a *API) release(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, infoOf(held))
+	agentapi.WriteJSONIndent(w, http.StatusOK, infoOf(held))
 }

@@ -2,8 +2,11 @@
 // socket's /v1/ipam): the requests and answers the agent (package ipam),
 // the CNI plugin and enimasq-dbg exchange. It imports nothing of the
 // agent, so that the plugin, a short-lived binary the runtime starts for
-// every pod, stays small, and both sides read one definition.
+// every pod, stays small, and both sides read one definition. The client
+// and the error body every endpoint shares are cells/agentapi's.
 package ipamapi
+
+import "github.com/enimasq/enimasq/cells/agentapi"
 
 // Attachment is the CNI spec's attachment key: the network name, the
 // container ID and the interface name in the container. Network is empty
@@ -97,11 +100,10 @@ type GCRequest struct {
 	ValidAttachments []Attachment `json:"validAttachments"`
 }
 
-// Error is the JSON body of every error answer.
+// Error is the JSON body of an error answer of the IPAM API: the agent
+// API's, and the result of an allocation that stands.
 type Error struct {
-	Message string `json:"error"`
-	// Reason is a stable, machine-readable name of the error.
-	Reason string `json:"reason"`
+	agentapi.Error
 	// Result is set when the IP is allocated but waiting for its rules
 	// failed: the allocation stands.
 	Result *AllocationResult `json:"result,omitempty"`

@@ -2,7 +2,6 @@ package enforce
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/cells/nldump"
 )
 
@@ -46,11 +46,6 @@ type DeviceAnswer struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-type apiError struct {
-	Message string `json:"error"`
-	Reason  string `json:"reason"`
-}
-
 // API serves the wait of a CNI ADD for the programs on its pod's device.
 type API struct {
 	db       *statedb.DB
@@ -71,17 +66,12 @@ func newAPI(db *statedb.DB, table statedb.RWTable[*Attachment], bindings statedb
 
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
 var (
-	errInvalid  = errors.New("invalid request")
+	errInvalid  = agentapi.ErrInvalidRequest
 	errNoDevice = errors.New("no such device")
 )
 
+// writeError answers an error of the API with its status and reason.
 func writeError(w http.ResponseWriter, err error) {
 	code, reason := http.StatusServiceUnavailable, "not-enforced"
 	switch {
@@ -90,28 +80,20 @@ func writeError(w http.ResponseWriter, err error) {
 	case errors.Is(err, errNoDevice):
 		code, reason = http.StatusNotFound, "no-device"
 	}
-	writeJSON(w, code, apiError{Message: err.Error(), Reason: reason})
+	agentapi.WriteError(w, code, reason, err)
 }
 
 func (a *API) device(w http.ResponseWriter, r *http.Request) {
 	device := r.PathValue("device")
-	timeout := WaitTimeout
-	if s := r.URL.Query().Get("timeout"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 || d > MaxWaitTimeout {
-			writeError(w, fmt.Errorf("%w: timeout=%q: want a duration up to %s", errInvalid, s, MaxWaitTimeout))
-			return
-		}
-		timeout = d
+	timeout, err := agentapi.QueryDuration(r, "timeout", WaitTimeout, MaxWaitTimeout)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
-	var ips []netip.Addr
-	for _, s := range r.URL.Query()["ip"] {
-		ip, err := netip.ParseAddr(s)
-		if err != nil || ip.Zone() != "" {
-			writeError(w, fmt.Errorf("%w: ip=%q is not an IP address", errInvalid, s))
-			return
-		}
-		ips = append(ips, ip.Unmap())
+	ips, err := agentapi.QueryAddrs(r, "ip")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	if device == "" || len(ips) == 0 {
 		writeError(w, fmt.Errorf("%w: want a device and at least one ip", errInvalid))
@@ -124,7 +106,7 @@ func (a *API) device(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, answer)
+	agentapi.WriteJSON(w, http.StatusOK, answer)
 }
 
 // Wait waits until the programs are on the device and the maps hold its

@@ -2,7 +2,6 @@ package enforce
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // EventsPath is where the denied packets are served (under APIPatterns):
@@ -388,31 +388,24 @@ func (e *Events) available() (code int, reason string, err error) {
 }
 
 func (e *Events) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	follow := true
-	if s := r.URL.Query().Get("follow"); s != "" {
-		var err error
-		if follow, err = strconv.ParseBool(s); err != nil {
-			writeError(w, fmt.Errorf("%w: follow=%q: want true or false", errInvalid, s))
-			return
-		}
+	follow, err := agentapi.QueryBool(r, "follow", true)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	if code, reason, err := e.available(); err != nil {
-		writeJSON(w, code, apiError{Message: err.Error(), Reason: reason})
+		agentapi.WriteError(w, code, reason, err)
 		return
 	}
 	kept, sub := e.subscribe()
 	defer e.unsubscribe(sub)
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	enc := json.NewEncoder(w)
+	stream := agentapi.NewStream(w)
 	for _, ev := range kept {
-		if enc.Encode(ev) != nil {
+		if stream.Encode(ev) != nil {
 			return
 		}
 	}
-	if rc.Flush() != nil || !follow {
+	if stream.Flush() != nil || !follow {
 		return
 	}
 	for {
@@ -422,16 +415,16 @@ func (e *Events) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-e.done:
 			return
 		case ev := <-sub.ch:
-			if enc.Encode(ev) != nil {
+			if stream.Encode(ev) != nil {
 				return
 			}
 			// What else is there goes in the same write.
 			for n := len(sub.ch); n > 0; n-- {
-				if enc.Encode(<-sub.ch) != nil {
+				if stream.Encode(<-sub.ch) != nil {
 					return
 				}
 			}
-			if rc.Flush() != nil {
+			if stream.Flush() != nil {
 				return
 			}
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -367,7 +368,7 @@ func TestEventsAPIOff(t *testing.T) {
 		api := newAPI(nil, nil, nil, nil, tc.s, nil, &observers{events: e})
 		rec := httptest.NewRecorder()
 		api.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, EventsPath+"?follow=false", nil))
-		var body apiError
+		var body agentapi.Error
 		json.Unmarshal(rec.Body.Bytes(), &body)
 		if rec.Code != tc.code || body.Reason != tc.reason || !strings.Contains(body.Message, tc.msg) {
 			t.Errorf("%+v: %d %s, want %d %s %q", tc.s, rec.Code, rec.Body.String(), tc.code, tc.reason, tc.msg)

@@ -1,9 +1,7 @@
 package enforce
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
 	"sync"
@@ -12,6 +10,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
 // VerdictPath is where the verdict API is served (under APIPatterns):
@@ -30,8 +29,12 @@ import (
 // program cannot be loaded).
 const VerdictPath = "/v1/policy/verdict"
 
-// MaxVerdictQueries bounds the queries of one call.
-const MaxVerdictQueries = 100000
+// MaxVerdictQueries bounds the queries of one call; maxVerdictBody its
+// body.
+const (
+	MaxVerdictQueries = 100000
+	maxVerdictBody    = 64 << 20
+)
 
 // VerdictQuery is a packet to judge, seen from the pod.
 type VerdictQuery struct {
@@ -139,10 +142,8 @@ func (v *Verdicts) program(r *http.Request) (*bpf.PolicyProgram, error) {
 
 func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req VerdictRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, fmt.Errorf("%w: %w", errInvalid, err))
+	if err := agentapi.DecodeBody(r, maxVerdictBody, &req, `{"queries": [{"direction": "egress", "pod": "IP", "peer": "IP", "protocol": 6, "port": 80}]}`); err != nil {
+		writeError(w, err)
 		return
 	}
 	if len(req.Queries) > MaxVerdictQueries {
@@ -174,14 +175,14 @@ func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer v.mu.Unlock()
 	prog, err := v.program(r)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Message: err.Error(), Reason: "no-program"})
+		agentapi.WriteError(w, http.StatusServiceUnavailable, "no-program", err)
 		return
 	}
 	answer := VerdictAnswer{Mode: v.settings.Mode.String(), Results: make([]VerdictResult, len(frames))}
 	for i, frame := range frames {
 		res, err := prog.Run(dirs[i], frame)
 		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, apiError{Message: fmt.Sprintf("query %d: %v", i, err), Reason: "run"})
+			agentapi.WriteError(w, http.StatusServiceUnavailable, "run", fmt.Errorf("query %d: %w", i, err))
 			return
 		}
 		answer.Results[i] = VerdictResult{Allow: res.Allow, Reason: res.Reason, Step: res.Step.String(), Interval: res.Interval}
@@ -189,5 +190,5 @@ func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			answer.Results[i].Object = v.names(dirs[i], req.Queries[i], res)
 		}
 	}
-	writeJSON(w, http.StatusOK, answer)
+	agentapi.WriteJSON(w, http.StatusOK, answer)
 }
