@@ -94,13 +94,10 @@ func (v *cpeValidator) header(base *field.Path, obj *clusterPolicyEndpointObject
 
 func (v *cpeValidator) spec(path *field.Path, obj *clusterPolicyEndpointObject) {
 	spec := obj.Spec
-	if spec == nil {
-		v.fail(field.Required(path, ""))
+	if !v.present(path, spec != nil) {
 		return
 	}
-	if ref := path.Child("policyRef"); spec.PolicyRef == nil {
-		v.fail(field.Required(ref, ""))
-	} else {
+	if ref := path.Child("policyRef"); v.present(ref, spec.PolicyRef != nil) {
 		v.cpe.PolicyRef = v.objectName(ref.Child("name"), spec.PolicyRef.Name)
 	}
 	if p := path.Child("tier"); v.required(p, spec.Tier) {
@@ -151,19 +148,8 @@ func (v *cpeValidator) rules(path *field.Path, in []clusterEndpointInfo, dir str
 		p := path.Index(i)
 		action := v.action(p.Child("action"), r.Action)
 		ports := v.ports(p.Child("ports"), r.Ports)
-		switch {
-		case r.DomainName != "" && dir == "Ingress":
-			v.fail(field.Invalid(p.Child("domainName"), r.DomainName, "is for egress rules only"))
+		if !v.peer(p, dir, r.CIDR, r.DomainName, fmt.Sprintf("skipped, its %s applies to nothing", r.Action)) {
 			continue
-		case r.CIDR == "" && dir == "Egress":
-			if r.DomainName != "" {
-				v.warn(p, "domainName %q without a cidr: skipped, its %s applies to nothing (domain names are not enforced; the AWS agent skips the entry)", r.DomainName, r.Action)
-			} else {
-				v.warn(p, "no cidr: skipped, its %s applies to nothing (the AWS agent skips the entry)", r.Action)
-			}
-			continue
-		case r.DomainName != "":
-			v.warn(p.Child("domainName"), "%q is not enforced: the entry's cidr %s is", r.DomainName, r.CIDR)
 		}
 		cidr := v.prefix(p.Child("cidr"), r.CIDR)
 		if cidr.IsValid() && action != "" {

@@ -81,13 +81,10 @@ func (v *peValidator) header(base *field.Path, obj *policyEndpointObject) {
 
 func (v *peValidator) spec(path *field.Path, obj *policyEndpointObject) {
 	spec := obj.Spec
-	if spec == nil {
-		v.fail(field.Required(path, ""))
+	if !v.present(path, spec != nil) {
 		return
 	}
-	if ref := path.Child("policyRef"); spec.PolicyRef == nil {
-		v.fail(field.Required(ref, ""))
-	} else {
+	if ref := path.Child("policyRef"); v.present(ref, spec.PolicyRef != nil) {
 		ns := v.pe.Namespace
 		if spec.PolicyRef.Namespace != "" {
 			ns = v.objectName(ref.Child("namespace"), spec.PolicyRef.Namespace)
@@ -135,21 +132,12 @@ func (v *peValidator) rules(path *field.Path, in []endpointInfo, isolated bool, 
 	var out []Rule
 	for i, r := range in {
 		p := path.Index(i)
-		switch {
-		case r.DomainName != "" && dir == "Ingress":
-			v.fail(field.Invalid(p.Child("domainName"), r.DomainName, "is for egress rules only"))
-			continue
-		case r.CIDR == "" && dir == "Egress":
+		if r.CIDR == "" && dir == "Egress" {
 			v.excepts(p.Child("except"), r.Except, netip.Prefix{})
 			v.ports(p.Child("ports"), r.Ports)
-			if r.DomainName != "" {
-				v.warn(p, "domainName %q without a cidr: allows nothing (domain names are not enforced; the AWS agent skips the entry)", r.DomainName)
-			} else {
-				v.warn(p, "no cidr: allows nothing (the AWS agent skips the entry)")
-			}
+		}
+		if !v.peer(p, dir, r.CIDR, r.DomainName, "allows nothing") {
 			continue
-		case r.DomainName != "":
-			v.warn(p.Child("domainName"), "%q is not enforced: the entry's cidr %s is", r.DomainName, r.CIDR)
 		}
 		cidr := v.prefix(p.Child("cidr"), r.CIDR)
 		out = append(out, Rule{CIDR: cidr, Except: v.excepts(p.Child("except"), r.Except, cidr), Ports: v.ports(p.Child("ports"), r.Ports)})

@@ -41,6 +41,14 @@ func (v *validator) common() *validator { return v }
 
 func (v *validator) fail(e *field.Error) { v.errs = append(v.errs, e) }
 
+// present reports whether a required object is there, failing if not.
+func (v *validator) present(path *field.Path, ok bool) bool {
+	if !ok {
+		v.fail(field.Required(path, ""))
+	}
+	return ok
+}
+
 // required reports whether a required field is set, failing if not.
 func (v *validator) required(path *field.Path, s string) bool {
 	if s == "" {
@@ -70,6 +78,30 @@ func (v *validator) objectName(path *field.Path, s string) string {
 		v.fail(field.Invalid(path, s, fmt.Sprintf("is not an object name (1-%d characters, no '/' or blanks)", maxNameLength)))
 	}
 	return s
+}
+
+// peer checks a rule's peer as every kind does: a domainName is for
+// egress rules only (api/v1alpha1, EndpointInfo and ClusterEndpointInfo);
+// an egress entry without a cidr (a domainName peer of the controller
+// v1.5.0) is skipped, as the AWS agent v1.5.0 skips it, with a warning
+// that says what that does (effect); beside a cidr, a domainName is not
+// enforced. It says whether the entry's cidr is to be read.
+func (v *validator) peer(p *field.Path, dir, cidr, domainName, effect string) bool {
+	switch {
+	case domainName != "" && dir == "Ingress":
+		v.fail(field.Invalid(p.Child("domainName"), domainName, "is for egress rules only"))
+		return false
+	case cidr == "" && dir == "Egress":
+		if domainName != "" {
+			v.warn(p, "domainName %q without a cidr: %s (domain names are not enforced; the AWS agent skips the entry)", domainName, effect)
+		} else {
+			v.warn(p, "no cidr: %s (the AWS agent skips the entry)", effect)
+		}
+		return false
+	case domainName != "":
+		v.warn(p.Child("domainName"), "%q is not enforced: the entry's cidr %s is", domainName, cidr)
+	}
+	return true
 }
 
 // limit is one bound on an object's size.
