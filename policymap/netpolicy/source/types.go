@@ -128,7 +128,7 @@ type clusterPolicyReference struct {
 // clusterEndpointInfo is a rule: a CIDR (or an address) and ports, and
 // what to do with what it matches. DomainName is egress-only (FQDN peers):
 // it is not enforced, and the AWS agent v1.5.0 skips an egress entry
-// without a cidr (see clusterValidator.rules). There are no excepts.
+// without a cidr (see cpeValidator.rules). There are no excepts.
 type clusterEndpointInfo struct {
 	CIDR       string     `json:"cidr"`
 	Ports      []portInfo `json:"ports"`

@@ -24,7 +24,9 @@ func TestParseUnknownFieldsAreNamed(t *testing.T) {
 		// What the controller v1.1.10 writes on every ClusterPolicyEndpoint
 		// (api/v1alpha1/clusterpolicyendpoint_types.go: no omitempty).
 		{"controller's subject", clusterMinimal("  subject:\n    namespaces:\n      matchLabels: {team: a}\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidr: 10.1.0.0/16, action: Deny}]\n"),
-			[]string{"spec.subject"}, func(o *parsedObject) bool { return len(rowOf[*ClusterPolicyEndpoint](*o).Egress) == 1 && len(rowOf[*ClusterPolicyEndpoint](*o).Pods) == 1 }},
+			[]string{"spec.subject"}, func(o *parsedObject) bool {
+				return len(rowOf[*ClusterPolicyEndpoint](*o).Egress) == 1 && len(rowOf[*ClusterPolicyEndpoint](*o).Pods) == 1
+			}},
 		{"cluster policyRef namespace", "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterPolicyEndpoint\nmetadata: {name: c}\nspec: {policyRef: {name: a, namespace: b}, tier: Admin, priority: 1}",
 			[]string{"spec.policyRef.namespace"}, func(o *parsedObject) bool { return rowOf[*ClusterPolicyEndpoint](*o).PolicyRef == "a" }},
 		{"cluster rule field", clusterMinimal("  egress: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16], action: Deny}]\n"),
