@@ -25,25 +25,24 @@
 // what its objects mean: its names and API resource, how one is decoded
 // and validated (its wire shape in types.go and a validator that embeds
 // validator), what its stand-in reads leniently and what it denies, and
-// what of a row a node does not program. A third kind, say Foo, costs:
+// what of a row a node does not program. A third kind, say Foo, costs
+// its row type and table in package endpoints (a type with the methods of
+// endpoints.Row, and newKind[*Foo]("foos")), its name in kinds and its
+// table and metrics in the cell (params, register, metrics.go; in the
+// order of kinds), and
+// kind_foo.go: its wire shape, its validator, and
 //
-//   - in package endpoints, its row type with the methods of
-//     endpoints.Row, and its table, newKind[*Foo]("foos");
-//   - here, kind_foo.go: its wire shape and validator, and
-//
-//     var foos = &kind[Foo, *Foo]{
-//         name: "Foo", list: "FooList", named: regexp.MustCompile(`\bFoo\b`),
-//         resource: fooResource, namespaced: true, scope: "foos",
-//         fate: "denied everything", table: endpoints.Foos,
-//         decode: func(file string, base *field.Path, js []byte) (*Foo, error) {
-//             return decodeWith(base, js, &fooValidator{foo: &Foo{File: file}})
-//         },
-//         lenient: lenientFoo, failClosed: func(f *Foo) string { ...; return "denied everything" },
-//         forNode: func(f *Foo, node nodeconfig.Config) *Foo { return f },
-//     }
-//
-//   - and its name in kinds, and its table in the cell (params and
-//     register, in the order of kinds).
+//	var foos = &kind[Foo, *Foo]{
+//		name: "Foo", list: "FooList", named: regexp.MustCompile(`\bFoo\b`),
+//		resource: fooResource, namespaced: true, scope: "foos",
+//		fate: "denied everything", table: endpoints.Foos,
+//		decode: func(file string, base *field.Path, js []byte) (*Foo, error) {
+//			return decodeWith(base, js, &fooValidator{foo: &Foo{File: file}})
+//		},
+//		lenient:    lenientFoo, // its key and policyRef, read leniently
+//		failClosed: func(f *Foo) string { f.Rules = nil; return "denied everything" },
+//		forNode:    func(f *Foo, node nodeconfig.Config) *Foo { return f },
+//	}
 //
 // Everything else (documents and lists of it, duplicates, stand-ins and
 // last good versions, files that hold it with other kinds, the API watch
