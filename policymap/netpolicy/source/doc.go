@@ -27,10 +27,9 @@
 // validator), what its stand-in reads leniently and what it denies, and
 // what of a row a node does not program. A third kind, say Foo, costs
 // its row type and table in package endpoints (a type with the methods of
-// endpoints.Row, and newKind[*Foo]("foos")), its name in kinds and its
-// table and metrics in the cell (params, register, metrics.go; in the
-// order of kinds), and
-// kind_foo.go: its wire shape, its validator, and
+// endpoints.Row, and newKind[*Foo]("foos")); its name in kinds, and its
+// table and metrics in the cell (params, register and metrics.go, in the
+// order of kinds); and kind_foo.go: its wire shape, its validator, and
 //
 //	var foos = &kind[Foo, *Foo]{
 //		name: "Foo", list: "FooList", named: regexp.MustCompile(`\bFoo\b`),
