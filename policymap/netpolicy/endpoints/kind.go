@@ -19,16 +19,27 @@ import (
 // table: the name, the indexes (by key, by pod IP, by parent policy) and
 // the cell that provides it, the same for every kind. What the code
 // written once for every kind (here, the source's fail-closed recovery,
-// the union of slices, the compiler's deriver) needs of a row is Row.
+// the union of slices, the compiler's deriver) needs of a row is Row
+// (Object as a value).
 
-// Row is a row of any kind.
-type Row interface {
-	Slice
+// Object is a row of any kind, as a value (the source holds the rows of
+// every kind of a file in one list).
+type Object interface {
+	Key() string
+	// Parent is the policy the object is a slice of (Slice).
+	Parent() string
+	PodEntry(netip.Addr) (PodEndpoint, bool)
 	// PodEntries are the pods the object lists, one per pod IP.
 	PodEntries() []PodEndpoint
 	// Common points at the fields every kind's row has.
 	Common() Common
 	statedb.TableWritable
+}
+
+// Row is a row of any kind, as a type parameter: an Object and a Slice.
+type Row interface {
+	comparable
+	Object
 }
 
 // Common points at the fields every kind's row has besides its policy
