@@ -3,10 +3,8 @@ package endpoints
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/index"
 
 	"github.com/enimasq/enimasq/bpf"
 )
@@ -86,6 +84,25 @@ type ClusterRule struct {
 	Action Action
 }
 
+// ClusterPolicyEndpoints is the cluster-policy-endpoints table.
+var ClusterPolicyEndpoints = newKind[*ClusterPolicyEndpoint](ClusterPolicyEndpointsTableName)
+
+var (
+	// ClusterPolicyEndpointNameIndex is the primary index: the name.
+	ClusterPolicyEndpointNameIndex = ClusterPolicyEndpoints.NameIndex
+	// ClusterPolicyEndpointPodIndex finds the objects that select a pod IP.
+	ClusterPolicyEndpointPodIndex = ClusterPolicyEndpoints.PodIndex
+	// ClusterPolicyEndpointParentIndex finds the slices of a
+	// ClusterNetworkPolicy by its name (Parent).
+	ClusterPolicyEndpointParentIndex = ClusterPolicyEndpoints.ParentIndex
+)
+
+// NewClusterPolicyEndpointsTable creates and registers
+// cluster-policy-endpoints.
+func NewClusterPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*ClusterPolicyEndpoint], error) {
+	return ClusterPolicyEndpoints.NewTable(db)
+}
+
 // Key is the table's primary key: the object's name (cluster-scoped).
 func (c *ClusterPolicyEndpoint) Key() string { return c.Name }
 
@@ -95,25 +112,20 @@ func (c *ClusterPolicyEndpoint) Key() string { return c.Name }
 // whose policyRef cannot be read.
 func (c *ClusterPolicyEndpoint) Parent() string { return c.PolicyRef }
 
+// Common points at the fields every kind's row has.
+func (c *ClusterPolicyEndpoint) Common() Common {
+	return Common{File: &c.File, Pods: &c.Pods, Warnings: &c.Warnings, Unknown: &c.Unknown, Invalid: &c.Invalid, StandIn: &c.StandIn}
+}
+
 // PodEntries are the pods the object lists.
 func (c *ClusterPolicyEndpoint) PodEntries() []PodEndpoint { return c.Pods }
 
 // PodIPs are the pod IPs the object lists.
-func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr {
-	out := make([]netip.Addr, len(c.Pods))
-	for i, p := range c.Pods {
-		out[i] = p.PodIP
-	}
-	return out
-}
+func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr { return podIPs(c.Pods) }
 
 // SamePolicy reports whether o is c with other pods at most (see
 // PolicyEndpoint.SamePolicy).
-func (c *ClusterPolicyEndpoint) SamePolicy(o *ClusterPolicyEndpoint) bool {
-	return samePolicy(c, o, func(c *ClusterPolicyEndpoint) {
-		c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, ""
-	})
-}
+func (c *ClusterPolicyEndpoint) SamePolicy(o *ClusterPolicyEndpoint) bool { return samePolicy(c, o) }
 
 // Rules returns the rules of a direction.
 func (c *ClusterPolicyEndpoint) Rules(d bpf.Direction) []ClusterRule {
@@ -125,12 +137,7 @@ func (c *ClusterPolicyEndpoint) Rules(d bpf.Direction) []ClusterRule {
 
 // PodEntry returns the object's entry for a pod IP.
 func (c *ClusterPolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) {
-	for _, p := range c.Pods {
-		if p.PodIP == pod {
-			return p, true
-		}
-	}
-	return PodEndpoint{}, false
+	return podEntry(c.Pods, pod)
 }
 
 func (c *ClusterPolicyEndpoint) TableHeader() []string {
@@ -138,66 +145,15 @@ func (c *ClusterPolicyEndpoint) TableHeader() []string {
 }
 
 func (c *ClusterPolicyEndpoint) TableRow() []string {
-	pods := "-"
-	if len(c.Pods) > 0 {
-		var ips []string
-		for i, p := range c.Pods {
-			if i == shownPods {
-				ips = append(ips, fmt.Sprintf("and %d more", len(c.Pods)-shownPods))
-				break
-			}
-			ips = append(ips, p.PodIP.String())
-		}
-		pods = strings.Join(ips, ",")
-	}
 	return []string{
 		c.Name,
 		c.PolicyRef,
 		string(c.Tier),
 		fmt.Sprint(c.Priority),
-		pods,
+		podList(c.Pods, ","),
 		fmt.Sprintf("%d rules", len(c.Ingress)),
 		fmt.Sprintf("%d rules", len(c.Egress)),
 		warningsText(c.Warnings, c.Unknown),
 		c.Invalid,
 	}
-}
-
-var (
-	// ClusterPolicyEndpointNameIndex is the primary index: the name.
-	ClusterPolicyEndpointNameIndex = statedb.Index[*ClusterPolicyEndpoint, string]{
-		Name: "name",
-		FromObject: func(c *ClusterPolicyEndpoint) index.KeySet {
-			return index.NewKeySet(index.String(c.Key()))
-		},
-		FromKey:    index.String,
-		FromString: index.FromString,
-		Unique:     true,
-	}
-
-	// ClusterPolicyEndpointPodIndex finds the objects that select a pod IP.
-	ClusterPolicyEndpointPodIndex = statedb.Index[*ClusterPolicyEndpoint, netip.Addr]{
-		Name: "pod",
-		FromObject: func(c *ClusterPolicyEndpoint) index.KeySet {
-			keys := make([]index.Key, 0, len(c.Pods))
-			for _, p := range c.Pods {
-				keys = append(keys, index.NetIPAddr(p.PodIP))
-			}
-			return index.NewKeySet(keys...)
-		},
-		FromKey:    index.NetIPAddr,
-		FromString: index.NetIPAddrString,
-		Unique:     false,
-	}
-)
-
-// ClusterPolicyEndpointParentIndex finds the slices of a
-// ClusterNetworkPolicy by its name (Parent).
-var ClusterPolicyEndpointParentIndex = parentIndex[*ClusterPolicyEndpoint]()
-
-// NewClusterPolicyEndpointsTable creates and registers
-// cluster-policy-endpoints.
-func NewClusterPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*ClusterPolicyEndpoint], error) {
-	return statedb.NewTable(db, ClusterPolicyEndpointsTableName, ClusterPolicyEndpointNameIndex, ClusterPolicyEndpointPodIndex,
-		ClusterPolicyEndpointParentIndex)
 }

@@ -3,11 +3,9 @@ package endpoints
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/index"
 
 	"github.com/enimasq/enimasq/bpf"
 )
@@ -57,16 +55,6 @@ type PolicyEndpoint struct {
 	StandIn bool `json:"-" yaml:"-"`
 }
 
-// PodEndpoint is a pod the PolicyEndpoint selects, by IP.
-type PodEndpoint struct {
-	Name      string
-	Namespace string
-	PodIP     netip.Addr
-	// HostIP is the node's IP, always allowed (kubelet probes); invalid when
-	// not given.
-	HostIP netip.Addr
-}
-
 // Rule is one ingress or egress rule: peers in CIDR but in none of Except
 // may use Ports. Except holds only prefixes of CIDR's family strictly
 // inside CIDR or covering it.
@@ -77,18 +65,22 @@ type Rule struct {
 	Ports []Port `json:",omitempty"`
 }
 
-// Port is a protocol and a port or port range.
-type Port struct {
-	// Protocol is bpf.ProtocolTCP, bpf.ProtocolUDP or bpf.ProtocolSCTP.
-	Protocol uint32
-	// Port 0 allows every port of the protocol.
-	Port uint16 `json:",omitempty"`
-	// EndPort 0 allows Port only.
-	EndPort uint16 `json:",omitempty"`
-}
+// PolicyEndpoints is the policy-endpoints table.
+var PolicyEndpoints = newKind[*PolicyEndpoint](PolicyEndpointsTableName)
 
-func (p Port) String() string {
-	return bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}.String()
+var (
+	// PolicyEndpointNameIndex is the primary index: "namespace/name".
+	PolicyEndpointNameIndex = PolicyEndpoints.NameIndex
+	// PolicyEndpointPodIndex finds the objects that select a pod IP.
+	PolicyEndpointPodIndex = PolicyEndpoints.PodIndex
+	// PolicyEndpointParentIndex finds the slices of a NetworkPolicy by
+	// its "namespace/name" (Parent).
+	PolicyEndpointParentIndex = PolicyEndpoints.ParentIndex
+)
+
+// NewPolicyEndpointsTable creates and registers policy-endpoints.
+func NewPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*PolicyEndpoint], error) {
+	return PolicyEndpoints.NewTable(db)
 }
 
 // Key is "namespace/name", the table's primary key; a stand-in whose name
@@ -114,23 +106,20 @@ func (pe *PolicyEndpoint) Parent() string {
 	return pe.Namespace + "/" + pe.PolicyRef[strings.LastIndexByte(pe.PolicyRef, '/')+1:]
 }
 
+// Common points at the fields every kind's row has.
+func (pe *PolicyEndpoint) Common() Common {
+	return Common{File: &pe.File, Pods: &pe.Pods, Warnings: &pe.Warnings, Unknown: &pe.Unknown, Invalid: &pe.Invalid, StandIn: &pe.StandIn}
+}
+
 // PodEntries are the pods the object lists.
 func (pe *PolicyEndpoint) PodEntries() []PodEndpoint { return pe.Pods }
 
 // PodIPs are the pod IPs the object lists.
-func (pe *PolicyEndpoint) PodIPs() []netip.Addr {
-	out := make([]netip.Addr, len(pe.Pods))
-	for i, p := range pe.Pods {
-		out[i] = p.PodIP
-	}
-	return out
-}
+func (pe *PolicyEndpoint) PodIPs() []netip.Addr { return podIPs(pe.Pods) }
 
 // SamePolicy reports whether o is pe with other pods at most: a change
 // from one to the other recompiles only the pods that come, go or change.
-func (pe *PolicyEndpoint) SamePolicy(o *PolicyEndpoint) bool {
-	return samePolicy(pe, o, func(c *PolicyEndpoint) { c.Pods, c.File, c.Warnings, c.Unknown, c.Invalid = nil, "", nil, nil, "" })
-}
+func (pe *PolicyEndpoint) SamePolicy(o *PolicyEndpoint) bool { return samePolicy(pe, o) }
 
 // Rules returns the rules of a direction.
 func (pe *PolicyEndpoint) Rules(d bpf.Direction) []Rule {
@@ -150,23 +139,12 @@ func (pe *PolicyEndpoint) Isolates(d bpf.Direction) bool {
 
 // Selects reports whether the object lists the pod IP.
 func (pe *PolicyEndpoint) Selects(pod netip.Addr) bool {
-	for _, p := range pe.Pods {
-		if p.PodIP == pod {
-			return true
-		}
-	}
-	return false
+	_, ok := podEntry(pe.Pods, pod)
+	return ok
 }
 
 // PodEntry returns the object's entry for a pod IP.
-func (pe *PolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) {
-	for _, p := range pe.Pods {
-		if p.PodIP == pod {
-			return p, true
-		}
-	}
-	return PodEndpoint{}, false
-}
+func (pe *PolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) { return podEntry(pe.Pods, pod) }
 
 // Isolation names the directions the selected pods are isolated in
 // ("Ingress,Egress"), or "-".
@@ -184,34 +162,9 @@ func (pe *PolicyEndpoint) Isolation() string {
 	return strings.Join(dirs, ",")
 }
 
-// warningsText is a row's Warnings column: its warnings, then its unknown
-// fields.
-func warningsText(warnings, unknown []string) string {
-	out := slices.Clone(warnings)
-	for _, f := range unknown {
-		out = append(out, f+": unknown field, ignored")
-	}
-	return strings.Join(out, "; ")
-}
-
-// shownPods is how many pod IPs a table row lists before "and N more".
-const shownPods = 4
-
 // PodList is the pod IPs as the row shows them: the first few, "and N
 // more", or "-".
-func (pe *PolicyEndpoint) PodList() string {
-	if len(pe.Pods) == 0 {
-		return "-"
-	}
-	var ips []string
-	for i, p := range pe.Pods {
-		if i == shownPods {
-			return fmt.Sprintf("%s and %d more", strings.Join(ips, ","), len(pe.Pods)-shownPods)
-		}
-		ips = append(ips, p.PodIP.String())
-	}
-	return strings.Join(ips, ",")
-}
+func (pe *PolicyEndpoint) PodList() string { return podList(pe.Pods, " ") }
 
 func (pe *PolicyEndpoint) TableHeader() []string {
 	return []string{"Name", "Policy", "Isolation", "Pods", "Ingress", "Egress", "Warnings", "Error"}
@@ -228,41 +181,4 @@ func (pe *PolicyEndpoint) TableRow() []string {
 		warningsText(pe.Warnings, pe.Unknown),
 		pe.Invalid,
 	}
-}
-
-var (
-	// PolicyEndpointNameIndex is the primary index: "namespace/name".
-	PolicyEndpointNameIndex = statedb.Index[*PolicyEndpoint, string]{
-		Name: "name",
-		FromObject: func(pe *PolicyEndpoint) index.KeySet {
-			return index.NewKeySet(index.String(pe.Key()))
-		},
-		FromKey:    index.String,
-		FromString: index.FromString,
-		Unique:     true,
-	}
-
-	// PolicyEndpointPodIndex finds the objects that select a pod IP.
-	PolicyEndpointPodIndex = statedb.Index[*PolicyEndpoint, netip.Addr]{
-		Name: "pod",
-		FromObject: func(pe *PolicyEndpoint) index.KeySet {
-			keys := make([]index.Key, 0, len(pe.Pods))
-			for _, p := range pe.Pods {
-				keys = append(keys, index.NetIPAddr(p.PodIP))
-			}
-			return index.NewKeySet(keys...)
-		},
-		FromKey:    index.NetIPAddr,
-		FromString: index.NetIPAddrString,
-		Unique:     false,
-	}
-)
-
-// PolicyEndpointParentIndex finds the slices of a NetworkPolicy by
-// its "namespace/name" (Parent).
-var PolicyEndpointParentIndex = parentIndex[*PolicyEndpoint]()
-
-// NewPolicyEndpointsTable creates and registers policy-endpoints.
-func NewPolicyEndpointsTable(db *statedb.DB) (statedb.RWTable[*PolicyEndpoint], error) {
-	return statedb.NewTable(db, PolicyEndpointsTableName, PolicyEndpointNameIndex, PolicyEndpointPodIndex, PolicyEndpointParentIndex)
 }
