@@ -2,7 +2,6 @@ package compile
 
 import (
 	"context"
-	"log/slog"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -10,27 +9,19 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 type versionsParams struct {
 	cell.In
+	registration
 
-	Log        *slog.Logger
-	Lifecycle  cell.Lifecycle
-	Node       nodeconfig.Config
-	Config     policymap.Config
-	Settings   Settings
-	DB         *statedb.DB
-	Jobs       job.Group
 	Versions   statedb.RWTable[*PodVersions]
 	Policy     statedb.RWTable[*PolicyMapEntry]
 	Cluster    statedb.RWTable[*ClusterMapEntry]
 	PEs        statedb.Table[*endpoints.PolicyEndpoint]
 	CPEs       statedb.Table[*endpoints.ClusterPolicyEndpoint]
-	Reconcile  reconciler.Params
 	State      *policyVersions
 	PolicyOps  *policymap.Maps[*PolicyMapEntry]
 	ClusterOps *policymap.Maps[*ClusterMapEntry]
