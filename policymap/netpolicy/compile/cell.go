@@ -104,7 +104,7 @@ type registration struct {
 // mapsParams are what a kind's deriver and reconciler take.
 type mapsParams[T policyRow[T], K kind[T]] struct {
 	cell.In
-	registration
+	Common registration
 
 	Objects   statedb.Table[T]
 	Entries   statedb.RWTable[*MapEntry[K]]
@@ -168,40 +168,41 @@ func openMaps[K entryKind](p registration, ops *policymap.Maps[*MapEntry[K]]) {
 // derive-<table>, check-<reconciler>-pins and the reconciler. Nothing is
 // registered (no maps are made) while network policy is disabled.
 func registerMaps[T policyRow[T], K kind[T]](p mapsParams[T, K]) error {
-	if p.Settings.Off != "" {
+	c := p.Common
+	if c.Settings.Off != "" {
 		return nil
 	}
 	var k K
-	openMaps(p.registration, p.Ops)
+	openMaps(c, p.Ops)
 
 	// The entries are initialized by the deriver once the objects' table
 	// is and its objects are compiled: pruning waits for both.
 	derive := "derive-" + k.tableName()
-	wtxn := p.DB.WriteTxn(p.Entries)
+	wtxn := c.DB.WriteTxn(p.Entries)
 	initDone := p.Entries.RegisterInitializer(wtxn, derive)
 	wtxn.Commit()
 	d := &deriver[T, K]{
-		log:       p.Log,
-		db:        p.DB,
+		log:       c.Log,
+		db:        c.DB,
 		endpoints: p.Objects,
 		entries:   p.Entries,
 		versions:  p.Versions,
 		state:     p.Versioned,
-		node:      p.Node,
+		node:      c.Node,
 		initDone:  initDone,
 
-		returnMemory:      func() { returnMemory(p.Log) },
+		returnMemory:      func() { returnMemory(c.Log) },
 		returnMemoryAfter: defaultReturnMemoryAfter,
 	}
 	if k.timed() {
 		d.metrics = p.Metrics
 	}
-	p.Jobs.Add(job.OneShot(derive, d.run))
+	c.Jobs.Add(job.OneShot(derive, d.run))
 	// The pins are the maps the reconciler writes (policymap.Maps.CheckPins).
-	p.Jobs.Add(job.Timer("check-"+k.reconcilerName()+"-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
-		p.Config.BPFMapRefreshInterval))
+	c.Jobs.Add(job.Timer("check-"+k.reconcilerName()+"-pins", func(context.Context) error { return p.Ops.CheckPins(c.Log) },
+		c.Config.BPFMapRefreshInterval))
 
-	rec, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, k.reconcilerName(), p.Entries,
+	rec, err := policymap.RegisterReconciler(c.Reconcile, c.Jobs, c.Config, k.reconcilerName(), p.Entries,
 		(*MapEntry[K]).Clone, (*MapEntry[K]).SetStatus, (*MapEntry[K]).GetStatus, p.Ops.Ops(), p.Ops.Ops())
 	p.State.reconciler = rec
 	return err
