@@ -81,60 +81,16 @@ const clusterObjectKind = "ClusterPolicyEndpoint"
 // outcomes, the program's verdicts and its events.
 func ClusterObjectID(name string) uint32 { return bpf.ObjectID(clusterObjectKind, name) }
 
-// clusterSelection is what decides a pod IP's cluster entries: its family,
-// the objects that select it (sorted by name) and the node IPs they give.
-type clusterSelection struct {
-	family bpf.Family
-	cpes   []*endpoints.ClusterPolicyEndpoint
-	// cpesKey identifies cpes (objectSet).
-	cpesKey string
-	hosts   []netip.Addr
-}
-
-func (s clusterSelection) key() string {
-	var b strings.Builder
-	b.WriteByte(byte(s.family))
-	b.WriteString(s.cpesKey)
-	for _, h := range s.hosts {
-		b.WriteByte('/')
-		b.Write(h.AsSlice())
-	}
-	return b.String()
-}
-
-// clusterSelectionOf returns the selection of a pod IP: set is the
-// objects that decide for it (endpoints.Union), listing those of them
-// that list it; false if none does.
-func clusterSelectionOf(pod netip.Addr, set objectSet[*endpoints.ClusterPolicyEndpoint], listing []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
-	sel := clusterSelection{family: bpf.FamilyOf(pod), cpes: set.objs, cpesKey: set.key}
-	listed := false
-	for _, c := range listing {
-		e, ok := c.PodEntry(pod)
-		if !ok {
-			continue
-		}
-		listed = true
-		// The node IP is the objects' hostIP, as for PolicyEndpoints: from
-		// the API server only pods whose hostIP is one of this node's
-		// addresses are taken (the source's node rule), stand-ins' too.
-		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
-			sel.hosts = append(sel.hosts, h)
-		}
-	}
-	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, listed
-}
-
 // rulesOf returns the rules of the selection in a direction, of its
 // family, with the node IPs and stand-ins first.
-func (s clusterSelection) rulesOf(d bpf.Direction) []clusterRule {
+func rulesOf(s selection[*endpoints.ClusterPolicyEndpoint], d bpf.Direction) []clusterRule {
 	root := netip.PrefixFrom(rootAddr(s.family), 0)
 	var rules []clusterRule
 	for _, h := range s.hosts {
 		rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: nodePriority, action: bpf.ActionAccept, rank: 1,
 			cidr: netip.PrefixFrom(h, h.BitLen()), ports: everyPort, name: "node IP " + h.String()})
 	}
-	for _, c := range s.cpes {
+	for _, c := range s.objs {
 		id := ClusterObjectID(c.Name)
 		if c.StandIn {
 			rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: standInPriority, action: bpf.ActionDeny,
@@ -168,7 +124,7 @@ func rootAddr(f bpf.Family) netip.Addr {
 
 // compileClusterSelection returns the templates of a selection's cluster
 // entries, egress first.
-func compileClusterSelection(sel clusterSelection) []*policyTemplate {
+func compileClusterSelection(sel selection[*endpoints.ClusterPolicyEndpoint]) []*policyTemplate {
 	out := make([]*policyTemplate, 0, 2)
 	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		out = append(out, compileClusterDirection(sel, d))
@@ -176,9 +132,9 @@ func compileClusterSelection(sel clusterSelection) []*policyTemplate {
 	return out
 }
 
-func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTemplate {
+func compileClusterDirection(sel selection[*endpoints.ClusterPolicyEndpoint], d bpf.Direction) *policyTemplate {
 	t := &policyTemplate{mapName: bpf.ClusterMapName(d, sel.family)}
-	rules := sel.rulesOf(d)
+	rules := rulesOf(sel, d)
 	root := netip.PrefixFrom(rootAddr(sel.family), 0)
 	bounds := []netip.Prefix{root}
 	for _, r := range rules {
@@ -324,13 +280,14 @@ const shownClusterIntervals = 8
 // that list the pod IP and every other slice of their policies
 // (endpoints.Union); the rest is ignored. Pure and deterministic.
 func CompileClusterPod(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) []*ClusterMapEntry {
-	sel, ok := clusterSelectionOf(pod, newObjectSet(endpoints.UnionOf(pod, cpes)), cpes)
+	entry := func(c *endpoints.ClusterPolicyEndpoint) (endpoints.PodEndpoint, bool) { return c.PodEntry(pod) }
+	sel, ok := selectionOf(pod, newObjectSet(endpoints.UnionOf(pod, cpes)), cpes, entry)
 	if !ok {
 		return nil
 	}
 	var out []*ClusterMapEntry
 	for _, t := range compileClusterSelection(sel) {
-		out = t.stampCluster(out, pod)
+		out = stamp(t, out, pod)
 	}
 	return out
 }

@@ -83,7 +83,7 @@ func resultText(res bpf.PolicyResult) string {
 func clusterEntryLines(entries []*ClusterMapEntry) []string {
 	var out []string
 	for _, e := range entries {
-		out = append(out, strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.Tiers()}, " "))
+		out = append(out, strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.ValueText()}, " "))
 	}
 	return out
 }

@@ -51,35 +51,13 @@ func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEnt
 	}
 	out := make([]*PolicyMapEntry, 0, n)
 	for _, t := range ts {
-		out = t.stamp(out, pod)
+		out = stamp(t, out, pod)
 	}
 	return out
 }
 
-// selectionOf returns the selection of a pod IP: set is the objects that
-// decide for it (endpoints.Union: those that list it and the other slices
-// of their policies), listing holds those that list it (others are
-// skipped), and entry finds its entry in one (the node IP); false if none
-// lists it.
-func selectionOf(pod netip.Addr, set objectSet[*endpoints.PolicyEndpoint], listing []*endpoints.PolicyEndpoint, entry func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool)) (selection, bool) {
-	sel := selection{family: bpf.FamilyOf(pod), pes: set.objs, pesKey: set.key}
-	listed := false
-	for _, pe := range listing {
-		e, ok := entry(pe)
-		if !ok {
-			continue
-		}
-		listed = true
-		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
-			sel.hosts = append(sel.hosts, h)
-		}
-	}
-	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, listed
-}
-
 // compileSelection returns the templates of the selection, egress first.
-func compileSelection(sel selection) []*policyTemplate {
+func compileSelection(sel selection[*endpoints.PolicyEndpoint]) []*policyTemplate {
 	out := make([]*policyTemplate, 0, 2)
 	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		out = append(out, compileDirection(sel, d))

@@ -32,7 +32,7 @@ func mustParse(t testing.TB, yamls ...string) []*endpoints.PolicyEndpoint {
 func entryLines(entries []*PolicyMapEntry) []string {
 	var out []string
 	for _, e := range entries {
-		l := strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.Ports()}, " ")
+		l := strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.ValueText()}, " ")
 		if e.EncodeError() != "" {
 			l += " ERROR " + e.EncodeError()
 		}

@@ -54,16 +54,16 @@ type tierRow struct {
 }
 
 func (s *versionSwitch) rows(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip.Addr) iter.Seq[tierRow] {
+	if tier == bpf.TierNetworkPolicy {
+		return tierRows(txn, s.policy, pod)
+	}
+	return tierRows(txn, s.cluster, pod)
+}
+
+// tierRows are a pod's rows in a kind's table.
+func tierRows[K entryKind](txn statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr) iter.Seq[tierRow] {
 	return func(yield func(tierRow) bool) {
-		if tier == bpf.TierNetworkPolicy {
-			for e := range s.policy.Prefix(txn, PodEntries(pod)) {
-				if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
-					return
-				}
-			}
-			return
-		}
-		for e := range s.cluster.Prefix(txn, ClusterPodEntries(pod)) {
+		for e := range table.Prefix(txn, podEntries[K](pod)) {
 			if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
 				return
 			}

@@ -287,18 +287,6 @@ func needsCleanup(batch iter.Seq2[statedb.Change[*PodVersions], statedb.Revision
 	return out
 }
 
-func (e *PolicyMapEntry) atVersion(v uint32) *PolicyMapEntry {
-	c := *e
-	c.Version, c.Status = v, reconciler.StatusPending()
-	return &c
-}
-
-func (e *ClusterMapEntry) atVersion(v uint32) *ClusterMapEntry {
-	c := *e
-	c.Version, c.Status = v, reconciler.StatusPending()
-	return &c
-}
-
 // setTier records a tier's versions in the pod's row (made if missing),
 // keeping its status: the kernel's entry changes only when the switch
 // changes Active. A row left with no version of any tier goes.
