@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb/index"
 	"github.com/vishvananda/netlink"
 	"go4.org/netipx"
+	"golang.org/x/sys/unix"
 )
 
 // The tables of the kernel's state; this cell alone writes them.
@@ -118,13 +119,14 @@ func (r *Rule) TableRow() []string    { return []string{r.ID} }
 // ruleOf is the row of a kernel rule.
 func ruleOf(r netlink.Rule) *Rule {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d family %d from %s to %s table %d proto %d type %d", r.Priority, r.Family,
-		ipNetString(r.Src), ipNetString(r.Dst), r.Table, r.Protocol, r.Type)
+	fmt.Fprintf(&b, "%d %s from %s to %s table %d proto %d", r.Priority, familyName(r.Family),
+		ipNetString(r.Src), ipNetString(r.Dst), r.Table, r.Protocol)
 	opt := func(name string, v any, set bool) {
 		if set {
 			fmt.Fprintf(&b, " %s %v", name, v)
 		}
 	}
+	opt("type", r.Type, r.Type != 0)
 	opt("fwmark", r.Mark, r.Mark != 0)
 	if r.Mask != nil {
 		opt("mask", *r.Mask, true)
@@ -149,6 +151,16 @@ func ruleOf(r netlink.Rule) *Rule {
 	opt("suppress_prefixlength", r.SuppressPrefixlen, r.SuppressPrefixlen > 0)
 	opt("suppress_ifgroup", r.SuppressIfgroup, r.SuppressIfgroup > 0)
 	return &Rule{Rule: r, ID: b.String()}
+}
+
+func familyName(f int) string {
+	switch f {
+	case unix.AF_INET:
+		return "inet"
+	case unix.AF_INET6:
+		return "inet6"
+	}
+	return "family " + strconv.Itoa(f)
 }
 
 func ipNetString(n *net.IPNet) string {
