@@ -2,9 +2,9 @@ package kernel_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
-	"fmt"
 	"net/netip"
 	"testing"
 
