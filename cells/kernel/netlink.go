@@ -1,52 +1,83 @@
-package datapath
+package kernel
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// kernelChanges subscribes to the kernel's rtnetlink notifications in a
-// network namespace (ns nil: the process's).
-type kernelChanges struct {
-	ns *netns.NsHandle
+// Netlink is the kernel of a network namespace: a netlink handle for
+// the dumps, and a multicast socket per subscription.
+type Netlink struct {
+	*netlink.Handle
+	ns *netns.NsHandle // nil: the process's
 }
 
-// changeGroups are the rtnetlink multicast groups of the rules of families
-// and, with routes, of their routes and of links.
-func changeGroups(families []int, routes bool) []uint {
+// NewNetlink is the kernel of the network namespace ns (nil: the
+// process's, /proc/self/ns/net, whatever thread runs this). Close (the
+// handle's) releases it.
+func NewNetlink(ns *netns.NsHandle) (*Netlink, error) {
+	var (
+		h   *netlink.Handle
+		err error
+	)
+	if ns != nil {
+		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
+	} else {
+		self, nsErr := netns.GetFromPath("/proc/self/ns/net")
+		if nsErr != nil {
+			return nil, fmt.Errorf("network namespace of the agent: %w", nsErr)
+		}
+		defer self.Close()
+		h, err = netlink.NewHandleAt(self, unix.NETLINK_ROUTE)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	return &Netlink{Handle: h, ns: ns}, nil
+}
+
+// groupsOf are the rtnetlink multicast groups of g.
+func groupsOf(g Groups) []uint {
 	groups := []uint{}
-	for _, fam := range families {
+	for _, fam := range g.Families {
 		if fam == unix.AF_INET {
 			groups = append(groups, unix.RTNLGRP_IPV4_RULE)
-			if routes {
+			if g.Routes {
 				groups = append(groups, unix.RTNLGRP_IPV4_ROUTE)
+			}
+			if g.Addrs {
+				groups = append(groups, unix.RTNLGRP_IPV4_IFADDR)
 			}
 		} else {
 			groups = append(groups, unix.RTNLGRP_IPV6_RULE)
-			if routes {
+			if g.Routes {
 				groups = append(groups, unix.RTNLGRP_IPV6_ROUTE)
+			}
+			if g.Addrs {
+				groups = append(groups, unix.RTNLGRP_IPV6_IFADDR)
 			}
 		}
 	}
-	if routes {
+	if g.Routes {
 		groups = append(groups, unix.RTNLGRP_LINK)
 	}
 	return groups
 }
 
-func (k kernelChanges) SubscribeChanges(families []int, routes bool) (NetlinkSubscription, error) {
-	groups := changeGroups(families, routes)
+func (s *Netlink) Subscribe(g Groups) (Subscription, error) {
+	groups := groupsOf(g)
 	var (
 		sock *nl.NetlinkSocket
 		err  error
 	)
-	if k.ns != nil {
-		sock, err = nl.SubscribeAt(*k.ns, netns.None(), unix.NETLINK_ROUTE, groups...)
+	if s.ns != nil {
+		sock, err = nl.SubscribeAt(*s.ns, netns.None(), unix.NETLINK_ROUTE, groups...)
 	} else {
 		sock, err = nl.Subscribe(unix.NETLINK_ROUTE, groups...)
 	}
@@ -69,18 +100,19 @@ type kernelSubscription struct {
 	sock *nl.NetlinkSocket
 }
 
-// changeOfMessage maps an rtnetlink message type to its change, if it is
-// one of the kinds the repair knows.
-var changeOfMessage = map[uint16]NetlinkChange{
+// changeOfMessage maps an rtnetlink message type to its change.
+var changeOfMessage = map[uint16]Change{
 	unix.RTM_NEWRULE:  RuleAdded,
 	unix.RTM_DELRULE:  RuleDeleted,
 	unix.RTM_NEWROUTE: RouteAdded,
 	unix.RTM_DELROUTE: RouteDeleted,
 	unix.RTM_NEWLINK:  LinkChanged,
 	unix.RTM_DELLINK:  LinkDeleted,
+	unix.RTM_NEWADDR:  AddrAdded,
+	unix.RTM_DELADDR:  AddrDeleted,
 }
 
-func (s *kernelSubscription) Receive(ctx context.Context) ([]NetlinkChange, error) {
+func (s *kernelSubscription) Receive(ctx context.Context) ([]Change, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -91,11 +123,11 @@ func (s *kernelSubscription) Receive(ctx context.Context) ([]NetlinkChange, erro
 				continue
 			}
 			if errors.Is(err, unix.ENOBUFS) {
-				return []NetlinkChange{ChangesLost}, nil
+				return []Change{ChangesLost}, nil
 			}
 			return nil, fmt.Errorf("netlink notification socket: %w", err)
 		}
-		var changes []NetlinkChange
+		var changes []Change
 		for _, m := range msgs {
 			if c, ok := changeOfMessage[m.Header.Type]; ok {
 				changes = append(changes, c)
@@ -111,7 +143,3 @@ func (s *kernelSubscription) Close() error {
 	s.sock.Close()
 	return nil
 }
-
-// KernelChanges is the kernel's notifications in the network namespace ns
-// (nil: the process's), as a NetlinkChanges.
-func KernelChanges(ns *netns.NsHandle) NetlinkChanges { return kernelChanges{ns: ns} }
