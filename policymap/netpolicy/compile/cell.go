@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -148,13 +149,13 @@ func openMaps[K entryKind](p registration, ops *policymap.Maps[*MapEntry[K]]) {
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
 			for _, f := range policyMapFamilies(p.Node) {
-				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+				for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 					if err := ops.Open(p.Log, k.mapSpec(d, f, maxEntries), p.Node.GlobalsDir()); err != nil {
 						return err
 					}
 				}
 			}
-			return ops.OpenSpill(p.Log, bpf.ChunkMapSpec(k.chunksMap(), maxEntries), p.Node.GlobalsDir())
+			return ops.OpenSpill(p.Log, policybpf.ChunkMapSpec(k.chunksMap(), maxEntries), p.Node.GlobalsDir())
 		},
 		OnStop: func(cell.HookContext) error {
 			ops.Close()

@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -32,7 +33,7 @@ type kind[T policyRow[T]] interface {
 	podIndex() statedb.Index[T, netip.Addr]
 	parentIndex() statedb.Index[T, string]
 	// tier is the kind's versions in policy-versions (PodVersions.Tiers).
-	tier() bpf.PolicyTier
+	tier() policybpf.PolicyTier
 	// reconcilerName names the reconciler of the kind's maps; the pin
 	// check is check-<name>-pins, the deriver derive-<table>.
 	reconcilerName() string
@@ -58,11 +59,11 @@ const ClusterMapEntriesTableName = "cluster-policy-map-entries"
 // enimasq_egress_v4, ..., the NetworkPolicy tier of policy-versions.
 type policyKind struct{}
 
-func (policyKind) tableName() string    { return PolicyMapEntriesTableName }
-func (policyKind) mapNames() []string   { return bpf.PolicyMapNames }
-func (policyKind) chunksMap() string    { return bpf.PolicyChunksMapName }
-func (policyKind) valueColumn() string  { return "Ports" }
-func (policyKind) tier() bpf.PolicyTier { return bpf.TierNetworkPolicy }
+func (policyKind) tableName() string          { return PolicyMapEntriesTableName }
+func (policyKind) mapNames() []string         { return policybpf.PolicyMapNames }
+func (policyKind) chunksMap() string          { return policybpf.PolicyChunksMapName }
+func (policyKind) valueColumn() string        { return "Ports" }
+func (policyKind) tier() policybpf.PolicyTier { return policybpf.TierNetworkPolicy }
 func (policyKind) reconcilerName() string {
 	return "policy-map"
 }
@@ -75,8 +76,8 @@ func (policyKind) parentIndex() statedb.Index[*endpoints.PolicyEndpoint, string]
 	return endpoints.PolicyEndpointParentIndex
 }
 
-func (policyKind) mapSpec(d bpf.Direction, f bpf.Family, maxEntries uint32) *ebpf.MapSpec {
-	return bpf.PolicyMapSpec(d, f, maxEntries)
+func (policyKind) mapSpec(d policybpf.Direction, f bpf.Family, maxEntries uint32) *ebpf.MapSpec {
+	return policybpf.PolicyMapSpec(d, f, maxEntries)
 }
 
 func (policyKind) compile(sel selection[*endpoints.PolicyEndpoint]) []*policyTemplate {
@@ -108,11 +109,11 @@ func (policyKind) view(v entryView) any {
 // compiles in the background.
 type clusterKind struct{}
 
-func (clusterKind) tableName() string    { return ClusterMapEntriesTableName }
-func (clusterKind) mapNames() []string   { return bpf.ClusterMapNames }
-func (clusterKind) chunksMap() string    { return bpf.ClusterChunksMapName }
-func (clusterKind) valueColumn() string  { return "Tiers" }
-func (clusterKind) tier() bpf.PolicyTier { return bpf.TierCluster }
+func (clusterKind) tableName() string          { return ClusterMapEntriesTableName }
+func (clusterKind) mapNames() []string         { return policybpf.ClusterMapNames }
+func (clusterKind) chunksMap() string          { return policybpf.ClusterChunksMapName }
+func (clusterKind) valueColumn() string        { return "Tiers" }
+func (clusterKind) tier() policybpf.PolicyTier { return policybpf.TierCluster }
 func (clusterKind) reconcilerName() string {
 	return "cluster-policy-map"
 }
@@ -125,8 +126,8 @@ func (clusterKind) parentIndex() statedb.Index[*endpoints.ClusterPolicyEndpoint,
 	return endpoints.ClusterPolicyEndpointParentIndex
 }
 
-func (clusterKind) mapSpec(d bpf.Direction, f bpf.Family, maxEntries uint32) *ebpf.MapSpec {
-	return bpf.ClusterMapSpec(d, f, maxEntries)
+func (clusterKind) mapSpec(d policybpf.Direction, f bpf.Family, maxEntries uint32) *ebpf.MapSpec {
+	return policybpf.ClusterMapSpec(d, f, maxEntries)
 }
 
 func (clusterKind) compile(sel selection[*endpoints.ClusterPolicyEndpoint]) []*policyTemplate {

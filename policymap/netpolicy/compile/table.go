@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // The map-entries tables: policy-map-entries (PolicyMapEntry) and
@@ -49,7 +50,7 @@ type entryKind interface {
 	// mapNames are the kind's maps; a map's position orders the keys.
 	mapNames() []string
 	// mapSpec is the spec of the kind's map of a direction and family.
-	mapSpec(bpf.Direction, bpf.Family, uint32) *ebpf.MapSpec
+	mapSpec(policybpf.Direction, bpf.Family, uint32) *ebpf.MapSpec
 	// chunksMap is the map of the values' chunks.
 	chunksMap() string
 	// valueColumn is the header of the value's text.

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -65,7 +66,7 @@ func (s selection[T]) key() string {
 func weight(s selection[*endpoints.PolicyEndpoint]) int {
 	n := 0
 	for _, pe := range s.objs {
-		for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+		for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 			if !pe.Isolates(d) {
 				continue
 			}

@@ -8,7 +8,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -77,8 +77,8 @@ func registerVersions(p versionsParams) error {
 			return nil
 		},
 	})
-	p.PolicyOps.SetKeep(p.State.keep(bpf.TierNetworkPolicy, p.PolicyOps.Opened))
-	p.ClusterOps.SetKeep(p.State.keep(bpf.TierCluster, p.ClusterOps.Opened))
+	p.PolicyOps.SetKeep(p.State.keep(policybpf.TierNetworkPolicy, p.PolicyOps.Opened))
+	p.ClusterOps.SetKeep(p.State.keep(policybpf.TierCluster, p.ClusterOps.Opened))
 	s := &versionSwitch{log: c.Log, db: c.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,
 		pes: p.PEs, cpes: p.CPEs, state: p.State}
 	c.Jobs.Add(job.OneShot("switch-policy-versions", s.run))

@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // One table per kind, written once. A kind is its row type (kind_pe.go,
@@ -123,7 +123,7 @@ type PodEndpoint struct {
 
 // Port is a protocol and a port or port range.
 type Port struct {
-	// Protocol is bpf.ProtocolTCP, bpf.ProtocolUDP or bpf.ProtocolSCTP.
+	// Protocol is policybpf.ProtocolTCP, policybpf.ProtocolUDP or policybpf.ProtocolSCTP.
 	Protocol uint32
 	// Port 0 allows every port of the protocol.
 	Port uint16 `json:",omitempty"`
@@ -132,7 +132,7 @@ type Port struct {
 }
 
 func (p Port) String() string {
-	return bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}.String()
+	return policybpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}.String()
 }
 
 // podIPs are the pod IPs of pods.

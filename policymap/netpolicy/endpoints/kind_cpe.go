@@ -6,7 +6,7 @@ import (
 
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // ClusterPolicyEndpointsTableName is the table of ClusterPolicyEndpoint
@@ -128,8 +128,8 @@ func (c *ClusterPolicyEndpoint) PodIPs() []netip.Addr { return podIPs(c.Pods) }
 func (c *ClusterPolicyEndpoint) SamePolicy(o *ClusterPolicyEndpoint) bool { return samePolicy(c, o) }
 
 // Rules returns the rules of a direction.
-func (c *ClusterPolicyEndpoint) Rules(d bpf.Direction) []ClusterRule {
-	if d == bpf.Ingress {
+func (c *ClusterPolicyEndpoint) Rules(d policybpf.Direction) []ClusterRule {
+	if d == policybpf.Ingress {
 		return c.Ingress
 	}
 	return c.Egress

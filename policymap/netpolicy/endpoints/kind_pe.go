@@ -7,7 +7,7 @@ import (
 
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // PolicyEndpointsTableName is the table of PolicyEndpoint objects in effect.
@@ -122,16 +122,16 @@ func (pe *PolicyEndpoint) PodIPs() []netip.Addr { return podIPs(pe.Pods) }
 func (pe *PolicyEndpoint) SamePolicy(o *PolicyEndpoint) bool { return samePolicy(pe, o) }
 
 // Rules returns the rules of a direction.
-func (pe *PolicyEndpoint) Rules(d bpf.Direction) []Rule {
-	if d == bpf.Ingress {
+func (pe *PolicyEndpoint) Rules(d policybpf.Direction) []Rule {
+	if d == policybpf.Ingress {
 		return pe.Ingress
 	}
 	return pe.Egress
 }
 
 // Isolates reports whether the selected pods are isolated in direction d.
-func (pe *PolicyEndpoint) Isolates(d bpf.Direction) bool {
-	if d == bpf.Ingress {
+func (pe *PolicyEndpoint) Isolates(d policybpf.Direction) bool {
+	if d == policybpf.Ingress {
 		return pe.IsolatesIngress
 	}
 	return pe.IsolatesEgress

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -208,7 +208,7 @@ func forNode(cpe *ClusterPolicyEndpoint, node nodeconfig.Config) *ClusterPolicyE
 		warnings = append(warnings, fmt.Sprintf("spec.podSelectorEndpoints: podIP %s: %s: dropped", p.PodIP, familyDisabled(p.PodIP)))
 		return true
 	})
-	rules := func(d bpf.Direction, in []ClusterRule) []ClusterRule {
+	rules := func(d policybpf.Direction, in []ClusterRule) []ClusterRule {
 		var out []ClusterRule
 		for _, r := range in {
 			if node.FamilyEnabled(r.CIDR.Addr()) {
@@ -219,7 +219,7 @@ func forNode(cpe *ClusterPolicyEndpoint, node nodeconfig.Config) *ClusterPolicyE
 		}
 		return out
 	}
-	ingress, egress := rules(bpf.Ingress, cpe.Ingress), rules(bpf.Egress, cpe.Egress)
+	ingress, egress := rules(policybpf.Ingress, cpe.Ingress), rules(policybpf.Egress, cpe.Egress)
 	if len(warnings) == 0 {
 		return cpe
 	}

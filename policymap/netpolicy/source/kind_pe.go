@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -238,7 +239,7 @@ func nodeWarnings(pe *PolicyEndpoint, node nodeconfig.Config) []string {
 			out = append(out, fmt.Sprintf("spec.podSelectorEndpoints: podIP %s: %s: not programmed", p.PodIP, familyDisabled(p.PodIP)))
 		}
 	}
-	for _, d := range []bpf.Direction{bpf.Ingress, bpf.Egress} {
+	for _, d := range []policybpf.Direction{policybpf.Ingress, policybpf.Egress} {
 		for i, r := range pe.Rules(d) {
 			if node.FamilyEnabled(r.CIDR.Addr()) {
 				continue

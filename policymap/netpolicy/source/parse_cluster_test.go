@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -43,9 +43,9 @@ func TestParseClusterPolicyEndpoint(t *testing.T) {
 		},
 		Ingress: []ClusterRule{
 			{CIDR: p("10.1.0.0/16"), Action: endpoints.ActionDeny},
-			{CIDR: p("fd00::/8"), Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 80}, {Protocol: bpf.ProtocolUDP, Port: 53, EndPort: 54}}, Action: endpoints.ActionAccept},
+			{CIDR: p("fd00::/8"), Ports: []Port{{Protocol: policybpf.ProtocolTCP, Port: 80}, {Protocol: policybpf.ProtocolUDP, Port: 53, EndPort: 54}}, Action: endpoints.ActionAccept},
 		},
-		Egress: []ClusterRule{{CIDR: p("10.2.3.4/32"), Ports: []Port{{Protocol: bpf.ProtocolSCTP}}, Action: endpoints.ActionPass}},
+		Egress: []ClusterRule{{CIDR: p("10.2.3.4/32"), Ports: []Port{{Protocol: policybpf.ProtocolSCTP}}, Action: endpoints.ActionPass}},
 	}}
 	if !reflect.DeepEqual(cpes, want) {
 		t.Errorf("parsed\n%+v\nwant\n%+v", cpes[0], want[0])
@@ -299,7 +299,7 @@ func encodeClusterPolicyEndpoints(cpes []*ClusterPolicyEndpoint) ([]byte, error)
 		Name      string `json:"name,omitempty"`
 		Namespace string `json:"namespace,omitempty"`
 	}
-	protoName := map[uint32]string{bpf.ProtocolTCP: "TCP", bpf.ProtocolUDP: "UDP", bpf.ProtocolSCTP: "SCTP"}
+	protoName := map[uint32]string{policybpf.ProtocolTCP: "TCP", policybpf.ProtocolUDP: "UDP", policybpf.ProtocolSCTP: "SCTP"}
 	rules := func(rs []ClusterRule) []rule {
 		var out []rule
 		for _, r := range rs {

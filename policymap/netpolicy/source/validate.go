@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // The limits of one object, so that one object cannot take the agent's
@@ -27,7 +28,7 @@ const (
 // maxNameLength is Kubernetes' limit on object names.
 const maxNameLength = 253
 
-var protocols = map[string]uint32{"TCP": bpf.ProtocolTCP, "UDP": bpf.ProtocolUDP, "SCTP": bpf.ProtocolSCTP}
+var protocols = map[string]uint32{"TCP": policybpf.ProtocolTCP, "UDP": policybpf.ProtocolUDP, "SCTP": policybpf.ProtocolSCTP}
 
 // validator collects the errors and warnings of one object; its field
 // checks (header, names, limits, addresses, prefixes, ports, pods) are
@@ -205,7 +206,7 @@ func (v *validator) ports(path *field.Path, in []portInfo) []Port {
 	var out []Port
 	for i, pi := range in {
 		p := path.Index(i)
-		port := Port{Protocol: bpf.ProtocolTCP} // as in Kubernetes
+		port := Port{Protocol: policybpf.ProtocolTCP} // as in Kubernetes
 		if pi.Protocol != nil {
 			var ok bool
 			if port.Protocol, ok = protocols[*pi.Protocol]; !ok {

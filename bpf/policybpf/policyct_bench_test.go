@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"net/netip"
@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -17,10 +18,10 @@ import (
 // and a packet of a tracked connection (one hash lookup).
 func BenchmarkPolicyProgramPerPacket(b *testing.B) {
 	celltest.RequireRoot(b)
-	dir := GlobalsDir(celltest.MountBPFFS(b))
+	dir := bpf.GlobalsDir(celltest.MountBPFFS(b))
 	maps := map[string]*ebpf.Map{}
 	for _, d := range []Direction{Egress, Ingress} {
-		spec := PolicyMapSpec(d, IPv4, 65536)
+		spec := PolicyMapSpec(d, bpf.IPv4, 65536)
 		maps[spec.Name] = openPinnedForTest(b, spec, dir)
 	}
 	ctSpec, _, err := PolicyStateSpecs()
@@ -41,7 +42,7 @@ func BenchmarkPolicyProgramPerPacket(b *testing.B) {
 		if i == 0 {
 			p = netip.PrefixFrom(peer, 32)
 		}
-		key, _ := EncodePolicyKey(pod, p)
+		key, _ := bpf.EncodePolicyKey(pod, p)
 		if err := maps[PolicyEgressV4MapName].Put(key, val); err != nil {
 			b.Fatal(err)
 		}

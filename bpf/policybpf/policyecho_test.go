@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -229,8 +230,8 @@ func connections(t *testing.T, m *ebpf.Map) []PolicyConnection {
 func echoProgram(t *testing.T, pod, peer netip.Addr, egress, ingress []PortEntry) (*PolicyProgram, map[string]*ebpf.Map) {
 	t.Helper()
 	celltest.RequireRoot(t)
-	dir := GlobalsDir(celltest.MountBPFFS(t))
-	fam := FamilyOf(pod)
+	dir := bpf.GlobalsDir(celltest.MountBPFFS(t))
+	fam := bpf.FamilyOf(pod)
 	maps := map[string]*ebpf.Map{}
 	names := map[Direction]string{}
 	for _, d := range []Direction{Egress, Ingress} {
@@ -252,7 +253,7 @@ func echoProgram(t *testing.T, pod, peer netip.Addr, egress, ingress []PortEntry
 				to = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 			}
 		}
-		key, err := EncodePolicyKey(pod, to)
+		key, err := bpf.EncodePolicyKey(pod, to)
 		if err != nil {
 			t.Fatal(err)
 		}

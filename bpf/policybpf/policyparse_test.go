@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -17,10 +18,10 @@ import (
 // passes only for a connection of the pod it is sent to or by; neighbour
 // discovery passes only as RFC 4861 allows it.
 func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
-	dir := GlobalsDir(celltest.MountBPFFS(t))
+	dir := bpf.GlobalsDir(celltest.MountBPFFS(t))
 	maps := map[string]*ebpf.Map{}
 	for _, d := range []Direction{Egress, Ingress} {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
 			spec := PolicyMapSpec(d, f, 1024)
 			maps[spec.Name] = openPinnedForTest(t, spec, dir)
 		}
@@ -40,12 +41,12 @@ func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
 	pod6, peer6 := netip.MustParseAddr("2001:db8::5"), netip.MustParseAddr("2001:db8:1::9")
 	put := func(d Direction, pod netip.Addr, peer string, entries ...PortEntry) {
 		t.Helper()
-		key, err := EncodePolicyKey(pod, netip.MustParsePrefix(peer))
+		key, err := bpf.EncodePolicyKey(pod, netip.MustParsePrefix(peer))
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _, _ := AllowValue(entries...).Encode()
-		if err := maps[PolicyMapName(d, FamilyOf(pod))].Put(key, b); err != nil {
+		if err := maps[PolicyMapName(d, bpf.FamilyOf(pod))].Put(key, b); err != nil {
 			t.Fatal(err)
 		}
 	}

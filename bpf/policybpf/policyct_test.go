@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"net/netip"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -153,10 +154,10 @@ func TestPrivilegedPolicyFullConnectionTableFailsClosed(t *testing.T) {
 // but replies.
 func trackingProgram(t *testing.T, ctMax uint32, pod, peer netip.Addr, entries ...PortEntry) (*PolicyProgram, map[string]*ebpf.Map) {
 	t.Helper()
-	dir := GlobalsDir(celltest.MountBPFFS(t))
+	dir := bpf.GlobalsDir(celltest.MountBPFFS(t))
 	maps := map[string]*ebpf.Map{}
 	for _, d := range []Direction{Egress, Ingress} {
-		spec := PolicyMapSpec(d, IPv4, 1024)
+		spec := PolicyMapSpec(d, bpf.IPv4, 1024)
 		maps[spec.Name] = openPinnedForTest(t, spec, dir)
 	}
 	ctSpec, modeSpec, err := PolicyStateSpecs()
@@ -173,7 +174,7 @@ func trackingProgram(t *testing.T, ctMax uint32, pod, peer netip.Addr, entries .
 		peer  netip.Prefix
 		allow []PortEntry
 	}{{PolicyEgressV4MapName, netip.PrefixFrom(peer, 32), entries}, {PolicyIngressV4MapName, netip.MustParsePrefix("0.0.0.0/0"), nil}} {
-		key, _ := EncodePolicyKey(pod, e.peer)
+		key, _ := bpf.EncodePolicyKey(pod, e.peer)
 		b, _, _ := AllowValue(e.allow...).Encode()
 		if err := maps[e.m].Put(key, b); err != nil {
 			t.Fatal(err)

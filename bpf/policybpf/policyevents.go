@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"encoding/binary"
@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/enimasq/enimasq/bpf"
 )
 
 // The policy programs' observations (c/policy.c): every decision counts in
@@ -145,7 +146,7 @@ func (e PolicyEvent) MarshalBinary() ([]byte, error) {
 	case !e.Src.IsValid() && !e.Dst.IsValid():
 		// Family 0: not IP.
 	default:
-		return nil, fmt.Errorf("policy event from %s to %s: %w", e.Src, e.Dst, ErrWrongFamily)
+		return nil, fmt.Errorf("policy event from %s to %s: %w", e.Src, e.Dst, bpf.ErrWrongFamily)
 	}
 	switch e.Direction {
 	case Egress:
@@ -202,11 +203,11 @@ func (e PolicyEvent) PeerPort() uint16 {
 
 // Family is the family of the event's addresses, 0 for a frame that is
 // not IP.
-func (e PolicyEvent) Family() Family {
+func (e PolicyEvent) Family() bpf.Family {
 	if !e.Src.IsValid() {
 		return 0
 	}
-	return FamilyOf(e.Src)
+	return bpf.FamilyOf(e.Src)
 }
 
 func (e PolicyEvent) String() string {

@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"github.com/enimasq/enimasq/bpf"
 )
 
 // PolicyReason says why the policy programs (c/policy.c) decided as they
@@ -220,7 +221,7 @@ func LoadPolicyProgram(maps map[string]*ebpf.Map) (*PolicyProgram, error) {
 				// all a run writes (and an LRU hash is preallocated).
 				ms.MaxEntries = 1
 			}
-			if m, err = newUnpinnedMap(ms); err != nil {
+			if m, err = bpf.NewUnpinnedMap(ms); err != nil {
 				p.Close()
 				return nil, fmt.Errorf("placeholder map %s: %w", name, err)
 			}
@@ -305,8 +306,8 @@ func (p *PolicyProgram) Close() error {
 // transport header. It is what the tests and enimasq-dbg feed the
 // policy program.
 func PolicyTestFrame(src, dst netip.Addr, proto uint8, srcPort, dstPort uint16) ([]byte, error) {
-	if FamilyOf(src) != FamilyOf(dst) {
-		return nil, fmt.Errorf("frame from %s to %s: %w", src, dst, ErrWrongFamily)
+	if bpf.FamilyOf(src) != bpf.FamilyOf(dst) {
+		return nil, fmt.Errorf("frame from %s to %s: %w", src, dst, bpf.ErrWrongFamily)
 	}
 	var l4 []byte
 	switch uint32(proto) {

@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -45,7 +46,7 @@ func TestParsePolicyEvent(t *testing.T) {
 	if e != want {
 		t.Fatalf("%+v, want %+v", e, want)
 	}
-	if e.Pod() != want.Src || e.Peer() != want.Dst || e.PodPort() != 40000 || e.PeerPort() != 443 || e.Family() != IPv4 {
+	if e.Pod() != want.Src || e.Peer() != want.Dst || e.PodPort() != 40000 || e.PeerPort() != 443 || e.Family() != bpf.IPv4 {
 		t.Errorf("egress: pod %s:%d peer %s:%d %s", e.Pod(), e.PodPort(), e.Peer(), e.PeerPort(), e.Family())
 	}
 	if b, err := e.MarshalBinary(); err != nil || !bytes.Equal(b, v4) {
@@ -62,7 +63,7 @@ func TestParsePolicyEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Direction != Ingress || e.Pod() != dst6 || e.Peer() != src6 || e.Protocol != 58 || e.Step != StepAdmin || e.Reason != PolicyAdminDeny || e.Family() != IPv6 {
+	if e.Direction != Ingress || e.Pod() != dst6 || e.Peer() != src6 || e.Protocol != 58 || e.Step != StepAdmin || e.Reason != PolicyAdminDeny || e.Family() != bpf.IPv6 {
 		t.Errorf("ingress v6: %+v", e)
 	}
 	if e.PodPort() != 0 || e.PeerPort() != 0 {
@@ -83,7 +84,7 @@ func TestParsePolicyEvent(t *testing.T) {
 			t.Errorf("ParsePolicyEvent(%x): %v, want an error with %q", tc.b, err, tc.want)
 		}
 	}
-	if _, err := (PolicyEvent{Src: netip.MustParseAddr("10.0.0.1"), Dst: dst6, Direction: Egress}).MarshalBinary(); !errors.Is(err, ErrWrongFamily) {
+	if _, err := (PolicyEvent{Src: netip.MustParseAddr("10.0.0.1"), Dst: dst6, Direction: Egress}).MarshalBinary(); !errors.Is(err, bpf.ErrWrongFamily) {
 		t.Errorf("MarshalBinary of mixed families: %v", err)
 	}
 
@@ -179,7 +180,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	maps := map[string]*ebpf.Map{}
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
 		t.Helper()
-		m, err := newUnpinnedMap(spec)
+		m, err := bpf.NewUnpinnedMap(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +189,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 		return m
 	}
 	for _, d := range []Direction{Egress, Ingress} {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
 			newMap(PolicyMapSpec(d, f, 64))
 			newMap(ClusterMapSpec(d, f, 64))
 		}
@@ -206,7 +207,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	}
 	put := func(mapName, pod, peer string, v *PolicyValue) {
 		t.Helper()
-		key, err := EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
+		key, err := bpf.EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
 		if err != nil {
 			t.Fatal(err)
 		}

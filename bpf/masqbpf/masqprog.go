@@ -1,4 +1,4 @@
-package bpf
+package masqbpf
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/enimasq/enimasq/bpf"
 )
 
 // Masquerade decisions returned by the masq_decision program (c/masq.c).
@@ -107,15 +108,15 @@ func frameTo(dst netip.Addr) []byte {
 // contents: NO_SNAT when the destination's family map has a prefix that
 // contains it, SNAT otherwise (also when that map is nil). The script tests
 // use it on fake maps, where no program can run.
-func MasqDecideModel(v4, v6 LookupMap, dst netip.Addr) (uint32, error) {
+func MasqDecideModel(v4, v6 bpf.LookupMap, dst netip.Addr) (uint32, error) {
 	m := v4
 	if !dst.Is4() {
 		m = v6
 	}
-	if IsNil(m) {
+	if bpf.IsNil(m) {
 		return MasqSNAT, nil
 	}
-	key, err := EncodePrefix(netip.PrefixFrom(dst, dst.BitLen()))
+	key, err := bpf.EncodePrefix(netip.PrefixFrom(dst, dst.BitLen()))
 	if err != nil {
 		return 0, err
 	}

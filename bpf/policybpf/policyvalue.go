@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/enimasq/enimasq/bpf"
 	"slices"
 	"strconv"
 	"strings"
@@ -212,15 +213,9 @@ func (v *PolicyValue) Search(k uint32) int {
 	return -1
 }
 
-// SpillEntry is a key and value of another map that a map entry's value
-// refers to (a chunk).
-type SpillEntry struct {
-	Key, Value []byte
-}
-
 // Encode returns the kernel bytes of the value and its chunks (none when
 // the intervals fit the value).
-func (v *PolicyValue) Encode() ([]byte, []SpillEntry, error) {
+func (v *PolicyValue) Encode() ([]byte, []bpf.SpillEntry, error) {
 	if err := v.Check(); err != nil {
 		return nil, nil, err
 	}
@@ -246,14 +241,14 @@ func (v *PolicyValue) Encode() ([]byte, []SpillEntry, error) {
 	}
 	sum := sha256.Sum256(raw)
 	copy(b[8:8+listIDSize], sum[:listIDSize])
-	chunks := make([]SpillEntry, 0, (len(rest)+PolicyChunkIntervals-1)/PolicyChunkIntervals)
+	chunks := make([]bpf.SpillEntry, 0, (len(rest)+PolicyChunkIntervals-1)/PolicyChunkIntervals)
 	for c := 0; c*PolicyChunkIntervals < len(rest); c++ {
 		key := make([]byte, PolicyChunkKeySize)
 		copy(key, sum[:listIDSize])
 		binary.NativeEndian.PutUint32(key[listIDSize:], uint32(c))
 		val := make([]byte, PolicyChunkValueSize)
 		copy(val, raw[c*PolicyChunkValueSize:min(len(raw), (c+1)*PolicyChunkValueSize)])
-		chunks = append(chunks, SpillEntry{Key: key, Value: val})
+		chunks = append(chunks, bpf.SpillEntry{Key: key, Value: val})
 	}
 	return b, chunks, nil
 }

@@ -1,4 +1,4 @@
-package bpf
+package policybpf
 
 import (
 	"net/netip"
@@ -6,21 +6,22 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 func TestPrivilegedPolicyProgram(t *testing.T) {
-	dir := GlobalsDir(celltest.MountBPFFS(t))
+	dir := bpf.GlobalsDir(celltest.MountBPFFS(t))
 	maps := map[string]*ebpf.Map{}
 	for _, d := range []Direction{Egress, Ingress} {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
 			spec := PolicyMapSpec(d, f, 1024) // not the program's size: the loader adapts
 			maps[spec.Name] = openPinnedForTest(t, spec, dir)
 		}
 	}
 	put := func(mapName, pod, peer string, entries ...PortEntry) {
 		t.Helper()
-		key, err := EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
+		key, err := bpf.EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
 		if err != nil {
 			t.Fatal(err)
 		}
