@@ -151,3 +151,10 @@ type clusterMapEntryView struct {
 func (clusterKind) view(v entryView) any {
 	return clusterMapEntryView{Map: v.Map, Pod: v.Pod, Version: v.Version, Peer: v.Peer, Tiers: v.Value, Error: v.Error, Status: v.Status}
 }
+
+// Each descriptor is a kind (the generic code calls its methods through
+// the type parameter, which staticcheck's unused does not follow).
+var (
+	_ kind[*endpoints.PolicyEndpoint]        = policyKind{}
+	_ kind[*endpoints.ClusterPolicyEndpoint] = clusterKind{}
+)
