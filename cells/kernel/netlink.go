@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -29,12 +30,7 @@ func NewNetlink(ns *netns.NsHandle) (*Netlink, error) {
 	if ns != nil {
 		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
 	} else {
-		self, nsErr := netns.GetFromPath("/proc/self/ns/net")
-		if nsErr != nil {
-			return nil, fmt.Errorf("network namespace of the agent: %w", nsErr)
-		}
-		defer self.Close()
-		h, err = netlink.NewHandleAt(self, unix.NETLINK_ROUTE)
+		h, err = agentHandle()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle: %w", err)
@@ -142,4 +138,28 @@ func (s *kernelSubscription) Receive(ctx context.Context) ([]Change, error) {
 func (s *kernelSubscription) Close() error {
 	s.sock.Close()
 	return nil
+}
+
+// agentHandle is a handle in the agent's network namespace (the process's,
+// not this thread's, should a test have moved it). Entering a namespace
+// takes CAP_SYS_ADMIN even when it is the current one, so a thread already
+// there opens its sockets where it is: the agent needs no capability to
+// read its own namespace.
+func agentHandle() (*netlink.Handle, error) {
+	self, err := netns.GetFromPath("/proc/self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("network namespace of the agent: %w", err)
+	}
+	defer self.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cur, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("network namespace of this thread: %w", err)
+	}
+	defer cur.Close()
+	if cur.Equal(self) {
+		return netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	return netlink.NewHandleAt(self, unix.NETLINK_ROUTE)
 }
