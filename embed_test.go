@@ -16,7 +16,6 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/bpffake"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
-	"github.com/enimasq/enimasq/ipam/datapath"
 	"github.com/enimasq/enimasq/ipam/netlinkfake"
 )
 
@@ -49,8 +48,8 @@ func TestFeaturesEmbedInAForeignHive(t *testing.T) {
 		}),
 		cell.Provide(
 			func() bpf.MapStore { return bpffake.NewFakeStore() },
-			func() *datapath.NetlinkTarget { return netlinkfake.New().Target() },
 		),
+		netlinkfake.New().Cells(),
 		enimasq.Features,
 		cell.Invoke(func(d *statedb.DB) { db = d }),
 	)

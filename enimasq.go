@@ -5,6 +5,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipam/allocator"
@@ -20,6 +21,7 @@ import (
 // optionally, a *k8sclient.Client), so an agent that has those links them as
 // is, providing nodeconfig.Config from its own configuration.
 var Features = cell.Group(
+	kernel.Cell,
 	nodeips.Cell,
 	ipmasq.Cell,
 	policymap.Module(masqmap.Cell, netpolicy.Cell),

@@ -38,7 +38,7 @@ func benchOptions() []reconciler.Option {
 // newBenchMap creates an empty, unpinned cilium_ipmasq_v4-like map.
 func newBenchMap(b *testing.B) *ebpf.Map {
 	b.Helper()
-	m, err := newUnpinnedMap(IPMasqV4Spec())
+	m, err := NewUnpinnedMap(IPMasqV4Spec())
 	if err != nil {
 		b.Fatal(err)
 	}

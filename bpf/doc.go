@@ -1,6 +1,24 @@
-// Package bpf holds the user-space side of enimasq's BPF LPM-trie maps: the
-// key layout, the map specs and pinning, and generic statedb reconciler
-// operations that keep a map in step with a table.
+// Package bpf holds what enimasq's BPF maps share whatever program reads
+// them: the LPM-trie key layout, the map specs and pinning, the map store,
+// and the generic statedb reconciler operations that keep maps in step
+// with a table (single and batch updates, prune, spill maps, fault
+// injection, observation).
+//
+// It knows no program. A program and the ABI of its maps change together,
+// so each has a package of its own under bpf/ that imports this one, never
+// the reverse (layout_bpf_test.go holds it):
+//
+//   - [github.com/enimasq/enimasq/bpf/policybpf]: the network policy
+//     programs (c/policy.c), their maps' specs and values, the connection
+//     table, the events and counters, the pods' policy versions;
+//   - [github.com/enimasq/enimasq/bpf/masqbpf]: masq_decision (c/masq.c),
+//     the test program of the ipmasq maps.
+//
+// The ipmasq maps (cilium_ipmasq_v4/v6) are specified here: they are plain
+// LPM tries of this package's keys, Cilium's program reads them, and this
+// package's tests use them as their maps. The keys of the policy maps are
+// here too (podkeys.go): the operations describe the keys they fail on,
+// and a key of either kind is built from addresses of one family only.
 //
 // # Keys and entries
 //

@@ -218,3 +218,12 @@ func CanonicalizeLPMKey(key []byte) {
 	}
 	clear(data[full:])
 }
+
+// FamilyOf is the family of an address as written: IPv4-mapped IPv6
+// addresses are IPv6.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}

@@ -102,7 +102,7 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 			"reason", err)
 	}
 
-	m, err := newUnpinnedMap(spec)
+	m, err := NewUnpinnedMap(spec)
 	if err != nil {
 		if old != nil {
 			old.Close()
@@ -142,7 +142,9 @@ func onlyReadOnlyProgDiffers(spec *ebpf.MapSpec, m *ebpf.Map) bool {
 	return relaxed.Compatible(m) == nil
 }
 
-func newUnpinnedMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {
+// NewUnpinnedMap creates a map of spec without its pinning: a map of this
+// process only, gone when its last reference is.
+func NewUnpinnedMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {
 	spec = spec.Copy()
 	spec.Pinning = ebpf.PinNone
 	m, err := ebpf.NewMap(spec)

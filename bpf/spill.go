@@ -9,7 +9,7 @@ import (
 
 // A Spiller is an [Entry] whose value continues in another map: a policy
 // value longer than a map value holds its other intervals in chunks of a
-// chunk map (policyvalue.go). [Ops] writes an entry's spill entries before
+// chunk map (policybpf). [Ops] writes an entry's spill entries before
 // the entry, so that the kernel never holds an entry whose chunks are not
 // there yet, and prunes the spill map against the spill entries of the
 // desired objects. Spill entries are content-addressed: one key always has
@@ -113,4 +113,10 @@ func (o *Ops[E]) writeSpills(batch []reconciler.BatchEntry[E]) []bool {
 		}
 	}
 	return failed
+}
+
+// SpillEntry is a key and value of another map that a map entry's value
+// refers to (a chunk).
+type SpillEntry struct {
+	Key, Value []byte
 }

@@ -80,7 +80,7 @@ func (KernelStore) LoadPinned(path string) (PinnedMap, error) {
 }
 
 func (KernelStore) Create(spec *ebpf.MapSpec) (PinnedMap, error) {
-	m, err := newUnpinnedMap(spec)
+	m, err := NewUnpinnedMap(spec)
 	if err != nil {
 		return nil, err
 	}

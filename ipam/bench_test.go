@@ -19,6 +19,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipam/allocator"
 	"github.com/enimasq/enimasq/ipam/ciliumnode"
@@ -168,6 +169,8 @@ func newBenchEnv(b *testing.B, pods int, fromFile bool) *benchEnv {
 		cidrsCell,
 		ipam.Cell,
 		cell.Provide(func() *datapath.NetlinkTarget { return &datapath.NetlinkTarget{Handle: e.nl} }),
+		kernel.Cell,
+		n.KernelCell(),
 		cell.Invoke(func(db *statedb.DB, rules statedb.Table[*datapath.Rule], alloc *allocator.Allocator) {
 			e.db, e.rules, e.alloc = db, rules, alloc
 		}),

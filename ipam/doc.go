@@ -31,7 +31,8 @@
 // rules of aws-node, Cilium or an operator.
 //
 // Tests: the script tests in testdata run the composed cell twice, on a
-// netlinkfake.Netlink (package ipam/netlinkfake, for tests only) and, as
+// netlinkfake.Netlink (package ipam/netlinkfake, for tests only: it is
+// also the kernel.Source that cells/kernel keeps its tables from) and, as
 // root, on a fresh network namespace; the fake is held against the kernel by
 // TestPrivilegedFakeNetlinkMatchesKernel.
 //

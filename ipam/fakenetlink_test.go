@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
@@ -21,7 +22,7 @@ type netlinkStep struct {
 	name  string
 	op    func(n testNetwork) error
 	errno unix.Errno
-	emits []datapath.NetlinkChange
+	emits []kernel.Change
 }
 
 func testRule(prio int, from, to string, table int, proto uint8) *netlink.Rule {
@@ -58,11 +59,11 @@ func testRoute(n testNetwork, table int, dst, gw, link string) *netlink.Route {
 	return r
 }
 
-func ruleStep(name string, op func(nl datapath.Netlink) func(*netlink.Rule) error, r *netlink.Rule, errno unix.Errno, emits ...datapath.NetlinkChange) netlinkStep {
+func ruleStep(name string, op func(nl datapath.Netlink) func(*netlink.Rule) error, r *netlink.Rule, errno unix.Errno, emits ...kernel.Change) netlinkStep {
 	return netlinkStep{name: name, op: func(n testNetwork) error { return op(n.Handle())(r) }, errno: errno, emits: emits}
 }
 
-func replaceStep(name string, table int, dst, gw, link string, errno unix.Errno, emits ...datapath.NetlinkChange) netlinkStep {
+func replaceStep(name string, table int, dst, gw, link string, errno unix.Errno, emits ...kernel.Change) netlinkStep {
 	return netlinkStep{name: name, op: func(n testNetwork) error {
 		return n.Handle().RouteReplace(testRoute(n, table, dst, gw, link))
 	}, errno: errno, emits: emits}
@@ -80,21 +81,21 @@ const (
 // ruleOps.Update's EEXIST, pruneLoose's deletes, routeOps), in one
 // sequence whose end state is compared too.
 var netlinkSteps = []netlinkStep{
-	ruleStep("add", add, testRule(111, podA, "10.0.0.0/8", 11, 237), 0, datapath.RuleAdded),
-	ruleStep("same selectors, another protocol", add, testRule(111, podA, "10.0.0.0/8", 11, 3), 0, datapath.RuleAdded),
+	ruleStep("add", add, testRule(111, podA, "10.0.0.0/8", 11, 237), 0, kernel.RuleAdded),
+	ruleStep("same selectors, another protocol", add, testRule(111, podA, "10.0.0.0/8", 11, 3), 0, kernel.RuleAdded),
 	ruleStep("no destination: matches a rule with one", add, testRule(111, podA, "", 11, 237), unix.EEXIST),
-	ruleStep("another destination", add, testRule(111, podA, "172.16.0.0/12", 11, 237), 0, datapath.RuleAdded),
+	ruleStep("another destination", add, testRule(111, podA, "172.16.0.0/12", 11, 237), 0, kernel.RuleAdded),
 	ruleStep("duplicate", add, testRule(111, podA, "10.0.0.0/8", 11, 237), unix.EEXIST),
-	ruleStep("another table", add, testRule(111, podA, "10.0.0.0/8", 12, 237), 0, datapath.RuleAdded),
-	ruleStep("delete without destination takes the first", del, testRule(111, podA, "", 11, 237), 0, datapath.RuleDeleted),
+	ruleStep("another table", add, testRule(111, podA, "10.0.0.0/8", 12, 237), 0, kernel.RuleAdded),
+	ruleStep("delete without destination takes the first", del, testRule(111, podA, "", 11, 237), 0, kernel.RuleDeleted),
 	ruleStep("delete a missing rule", del, testRule(111, podB, "", 11, 237), unix.ENOENT),
-	ruleStep("delete by source only", del, testRule(-1, podA, "", 0, 0), 0, datapath.RuleDeleted),
-	ruleStep("no priority: the kernel's default", add, testRule(-1, podB, "", 12, 237), 0, datapath.RuleAdded),
+	ruleStep("delete by source only", del, testRule(-1, podA, "", 0, 0), 0, kernel.RuleDeleted),
+	ruleStep("no priority: the kernel's default", add, testRule(-1, podB, "", 12, 237), 0, kernel.RuleAdded),
 	replaceStep("gateway not reachable", 11, "0.0.0.0/0", "10.130.96.1", "eni1", unix.ENETUNREACH),
-	replaceStep("link route", 11, "10.130.96.1/32", "", "eni1", 0, datapath.RouteAdded),
-	replaceStep("gateway route", 11, "0.0.0.0/0", "10.130.96.1", "eni1", 0, datapath.RouteAdded),
-	replaceStep("replace on another link", 11, "10.130.96.1/32", "", "eni2", 0, datapath.RouteAdded),
-	replaceStep("table 12 link route", 12, "10.130.112.1/32", "", "eni2", 0, datapath.RouteAdded),
+	replaceStep("link route", 11, "10.130.96.1/32", "", "eni1", 0, kernel.RouteAdded),
+	replaceStep("gateway route", 11, "0.0.0.0/0", "10.130.96.1", "eni1", 0, kernel.RouteAdded),
+	replaceStep("replace on another link", 11, "10.130.96.1/32", "", "eni2", 0, kernel.RouteAdded),
+	replaceStep("table 12 link route", 12, "10.130.112.1/32", "", "eni2", 0, kernel.RouteAdded),
 	replaceStep("host bits", 11, "10.130.96.1/20", "", "eni1", unix.EINVAL),
 	{name: "delete in the wrong scope", op: func(n testNetwork) error {
 		r := testRoute(n, 11, "10.130.96.1/32", "", "eni2")
@@ -108,10 +109,10 @@ var netlinkSteps = []netlinkStep{
 	{name: "delete in any scope", op: func(n testNetwork) error {
 		return n.Handle().RouteDel(&netlink.Route{Table: 12, Dst: ipNetOf(netip.MustParsePrefix("10.130.112.1/32")),
 			Protocol: datapath.RTProto, Scope: netlink.SCOPE_NOWHERE})
-	}, emits: []datapath.NetlinkChange{datapath.RouteDeleted}},
+	}, emits: []kernel.Change{kernel.RouteDeleted}},
 	// The link's IPv4 routes go without a notification of their own.
 	{name: "delete eni2", op: func(n testNetwork) error { return n.DelLink("eni2") }},
-	ruleStep("marker", add, testRule(999, podB, "", 99, 237), 0, datapath.RuleAdded),
+	ruleStep("marker", add, testRule(999, podB, "", 99, 237), 0, kernel.RuleAdded),
 }
 
 // netlinkEndState is the rules and routes after netlinkSteps.
@@ -122,13 +123,13 @@ const netlinkEndState = `110: from 10.130.100.134 lookup 12 proto 237
 table 11: default via 10.130.96.1 dev eni1
 `
 
-func runNetlinkSteps(t *testing.T, n testNetwork, changes datapath.NetlinkChanges) {
-	sub, err := changes.SubscribeChanges([]int{unix.AF_INET}, true)
+func runNetlinkSteps(t *testing.T, n testNetwork, changes kernel.Source) {
+	sub, err := changes.Subscribe(kernel.Groups{Families: []int{unix.AF_INET}, Routes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	var want []datapath.NetlinkChange
+	var want []kernel.Change
 	for _, s := range netlinkSteps {
 		err := s.op(n)
 		if got := errnoOf(err); got != s.errno {
@@ -152,15 +153,15 @@ func runNetlinkSteps(t *testing.T, n testNetwork, changes datapath.NetlinkChange
 	// operation: they are all there, the deadline is a safety net.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var got []datapath.NetlinkChange
+	var got []kernel.Change
 	for len(got) < len(want) {
 		changes, err := sub.Receive(ctx)
 		if err != nil {
 			t.Fatalf("notifications so far %v, want %v: %s", got, want, err)
 		}
 		// Link notifications differ by link type (a veth sends more).
-		got = append(got, slices.DeleteFunc(changes, func(c datapath.NetlinkChange) bool {
-			return c == datapath.LinkChanged || c == datapath.LinkDeleted
+		got = append(got, slices.DeleteFunc(changes, func(c kernel.Change) bool {
+			return c == kernel.LinkChanged || c == kernel.LinkDeleted
 		})...)
 	}
 	if !slices.Equal(got, want) {
@@ -185,13 +186,18 @@ func TestFakeNetlinkSemantics(t *testing.T) {
 
 func TestPrivilegedFakeNetlinkMatchesKernel(t *testing.T) {
 	n := newTestNetNS(t, false)
-	runNetlinkSteps(t, n, datapath.KernelChanges(&n.NS))
+	src, err := kernel.NewNetlink(&n.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	runNetlinkSteps(t, n, src)
 }
 
 // Deleting a link deletes its routes, and the subscription hears of it.
 func TestFakeNetlinkLinkDeleteTakesRoutes(t *testing.T) {
 	n := newFakeNetwork(t, false)
-	sub, err := n.SubscribeChanges([]int{unix.AF_INET}, true)
+	sub, err := n.Subscribe(kernel.Groups{Families: []int{unix.AF_INET}, Routes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +213,7 @@ func TestFakeNetlinkLinkDeleteTakesRoutes(t *testing.T) {
 		t.Errorf("routes after the link went: %v %v", routes, err)
 	}
 	got, err := sub.Receive(context.Background())
-	if want := []datapath.NetlinkChange{datapath.RouteAdded, datapath.LinkDeleted}; err != nil || !slices.Equal(got, want) {
+	if want := []kernel.Change{kernel.RouteAdded, kernel.LinkDeleted}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("notifications %v %v, want %v", got, err, want)
 	}
 	if err := n.DelLink("eni1"); errnoOf(err) != unix.ENODEV {

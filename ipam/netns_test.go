@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/cilium/hive/cell"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -80,10 +81,15 @@ func (n *testNetNS) AddLink(name, mac string) error {
 
 func (n *testNetNS) Handle() datapath.Netlink { return n.H }
 
-// Target programs the namespace through nl and listens to the kernel's
-// notifications in it.
+// Target programs the namespace through nl and repairs from the kernel
+// tables of it (KernelCell).
 func (n *testNetNS) Target(nl datapath.Netlink) *datapath.NetlinkTarget {
-	return &datapath.NetlinkTarget{Handle: nl, NS: &n.NS}
+	return &datapath.NetlinkTarget{Handle: nl, Repair: true}
+}
+
+// KernelCell makes cells/kernel follow the namespace.
+func (n *testNetNS) KernelCell() cell.Cell {
+	return cell.Provide(func() *netns.NsHandle { return &n.NS })
 }
 
 func (n *testNetNS) DelLink(name string) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/cells/nodeips"
 	"github.com/enimasq/enimasq/ipam"
 	"github.com/enimasq/enimasq/ipam/datapath"
@@ -31,8 +32,10 @@ type testNetwork interface {
 	// Handle acts on the network directly, behind the agent's back.
 	Handle() datapath.Netlink
 	// Target makes the agent program the network through nl (Handle, or
-	// a wrapper of it) and listen to its notifications.
+	// a wrapper of it) and repair from the kernel tables of it.
 	Target(nl datapath.Netlink) *datapath.NetlinkTarget
+	// KernelCell makes cells/kernel follow the network.
+	KernelCell() cell.Cell
 	AddLink(name, mac string) error
 	DelLink(name string) error
 }
@@ -60,7 +63,11 @@ func newFakeNetwork(t testing.TB, bare bool) fakeNetwork {
 func (n fakeNetwork) Handle() datapath.Netlink { return n.Netlink }
 
 func (n fakeNetwork) Target(nl datapath.Netlink) *datapath.NetlinkTarget {
-	return &datapath.NetlinkTarget{Handle: nl, Changes: n.Netlink}
+	return &datapath.NetlinkTarget{Handle: nl, Repair: true}
+}
+
+func (n fakeNetwork) KernelCell() cell.Cell {
+	return cell.Provide(func() kernel.Source { return n.Netlink })
 }
 
 func (n fakeNetwork) AddLink(name, mac string) error {
@@ -232,6 +239,8 @@ func testCells(n testNetwork, nl datapath.Netlink) []cell.Cell {
 		// node-ips without its netlink watcher: the rows are ipam's.
 		cell.Provide(nodeips.NewTable, statedb.RWTable[*nodeips.NodeIP].ToTable),
 		cell.Provide(func() *datapath.NetlinkTarget { return n.Target(nl) }),
+		kernel.Cell,
+		n.KernelCell(),
 		rawCommands(n),
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // --policy-conntrack-max sizes the pinned connection-tracking map, and a
@@ -18,7 +19,7 @@ func TestPrivilegedPolicyConntrackMaxSizesTheTable(t *testing.T) {
 	waitAttached(a, 1)
 	size := func() uint32 {
 		t.Helper()
-		m, err := ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyCTMapName), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), policybpf.PolicyCTMapName), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +27,7 @@ func TestPrivilegedPolicyConntrackMaxSizesTheTable(t *testing.T) {
 		return m.MaxEntries()
 	}
 	if n := size(); n != 1024 {
-		t.Fatalf("%s has %d entries, want --policy-conntrack-max's 1024", bpf.PolicyCTMapName, n)
+		t.Fatalf("%s has %d entries, want --policy-conntrack-max's 1024", policybpf.PolicyCTMapName, n)
 	}
 	if node.connect(node.peerNS(), podA, 80) {
 		t.Error("the peer reached the pod: its ingress is isolated")

@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -170,13 +170,13 @@ func (n *policyNode) hostIfindex(device string) int {
 // trackedOn counts the agent's tracked connections seen on ifindex.
 func trackedOn(t *testing.T, a *Agent, ifindex int) int {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "tc", "globals", bpf.PolicyCTMapName), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "tc", "globals", policybpf.PolicyCTMapName), nil)
 	if err != nil {
 		t.Fatalf("the connection-tracking map: %v", err)
 	}
 	defer m.Close()
 	n := 0
-	if _, err := bpf.ForgetPolicyConnections(m, func(c bpf.PolicyConnection) bool {
+	if _, err := policybpf.ForgetPolicyConnections(m, func(c policybpf.PolicyConnection) bool {
 		if int(c.Ifindex) == ifindex {
 			n++
 		}

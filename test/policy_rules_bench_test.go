@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/test/k8stest"
 )
@@ -187,16 +188,16 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 		var m, cm, vm *ebpf.Map
 		a.WaitFor("the egress maps pinned", func() bool {
 			var err error
-			m, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			m, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), policybpf.PolicyEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
 			if err != nil {
 				return false
 			}
-			cm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.ClusterEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			cm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), policybpf.ClusterEgressV4MapName), &ebpf.LoadPinOptions{ReadOnly: true})
 			if err != nil {
 				m.Close()
 				return false
 			}
-			vm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), bpf.PolicyVersionsMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+			vm, err = ebpf.LoadPinnedMap(filepath.Join(bpf.GlobalsDir(a.BPFRoot), policybpf.PolicyVersionsMapName), &ebpf.LoadPinOptions{ReadOnly: true})
 			if err != nil {
 				m.Close()
 				cm.Close()
@@ -208,16 +209,16 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 		// NetworkPolicy, 1: cluster); a pod without a version has none.
 		inForce := func(pod string, tier int, peer netip.Prefix) ([]byte, bool) {
 			addr := netip.MustParseAddr(pod)
-			v := make([]byte, bpf.PolicyVersionValueSize)
-			if vm.Lookup(bpf.PolicyPodKey(addr), v) != nil {
+			v := make([]byte, policybpf.PolicyVersionValueSize)
+			if vm.Lookup(policybpf.PolicyPodKey(addr), v) != nil {
 				return nil, false
 			}
-			np, cl, err := bpf.DecodePolicyVersions(v)
+			np, cl, err := policybpf.DecodePolicyVersions(v)
 			if err != nil {
 				return nil, false
 			}
 			version := [2]uint32{np, cl}[tier]
-			if version == 0 || version == bpf.PolicyVersionClosed {
+			if version == 0 || version == policybpf.PolicyVersionClosed {
 				return nil, false
 			}
 			key, err := bpf.AppendPolicyKeyVersion(nil, addr, version, peer)
@@ -227,21 +228,21 @@ func benchPolicyRules(b *testing.B, clusterRules int, source func(*testing.B, *A
 		// interval for its port (the root's value has none).
 		clusterHolds := func(o, r int) bool {
 			key, ok := inForce(rulesPod, 1, netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(o), byte(r)}), 32))
-			val := make([]byte, bpf.PolicyValueSize)
+			val := make([]byte, policybpf.PolicyValueSize)
 			if !ok || cm.Lookup(key, val) != nil {
 				return false
 			}
-			v, err := bpf.UnmarshalPolicyValue(val, nil)
-			return err == nil && v.Search(bpf.PortPoint(bpf.ProtocolTCP, uint16(2000+r), true)) >= 0
+			v, err := policybpf.UnmarshalPolicyValue(val, nil)
+			return err == nil && v.Search(policybpf.PortPoint(policybpf.ProtocolTCP, uint16(2000+r), true)) >= 0
 		}
 		allows := func(pod string, peer netip.Prefix, port uint16) bool {
 			key, ok := inForce(pod, 0, peer)
-			val := make([]byte, bpf.PolicyValueSize)
+			val := make([]byte, policybpf.PolicyValueSize)
 			if !ok || m.Lookup(key, val) != nil {
 				return false
 			}
-			v, err := bpf.UnmarshalPolicyValue(val, nil)
-			return err == nil && v.Search(bpf.PortPoint(bpf.ProtocolTCP, port, true)) >= 0
+			v, err := policybpf.UnmarshalPolicyValue(val, nil)
+			return err == nil && v.Search(policybpf.PortPoint(policybpf.ProtocolTCP, port, true)) >= 0
 		}
 		start := time.Now()
 		var wg sync.WaitGroup

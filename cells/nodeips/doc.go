@@ -1,6 +1,7 @@
 // Package nodeips keeps the node-ips table: the IP addresses of this node,
-// each with who reported it. A netlink watcher writes the addresses of the
-// agent's network namespace (source "netlink"); the ENI IPAM writes its
+// each with who reported it. The addresses of the agent's network namespace
+// (source "netlink") are derived from the kernel-addrs table (cells/kernel:
+// no subscription or listing of its own); the ENI IPAM writes its
 // ENIs' primary IPs (source "eni"), which are the node's too although no
 // interface of the namespace may carry them. Features that need to know
 // "is this address one of this node's" read the table, so none of them

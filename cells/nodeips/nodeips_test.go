@@ -18,6 +18,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/cells/nodeips"
 )
 
@@ -58,7 +59,7 @@ func TestPrivilegedWatcherFollowsTheInterfaces(t *testing.T) {
 		db    *statedb.DB
 		table statedb.Table[*nodeips.NodeIP]
 	)
-	h := infra.New(infra.Core, nodeips.Cell,
+	h := infra.New(infra.Core, kernel.Cell, nodeips.Cell,
 		cell.Provide(func() *netns.NsHandle { return &ns }),
 		cell.Invoke(func(d *statedb.DB, tbl statedb.Table[*nodeips.NodeIP]) { db, table = d, tbl }))
 	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelWarn))

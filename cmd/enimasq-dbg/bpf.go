@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/masqbpf"
 	"github.com/enimasq/enimasq/policymap"
 )
 
@@ -70,7 +71,7 @@ func bpfCommand(o *options) *cobra.Command {
 					return err
 				}
 				defer maps.close()
-				prog, err := bpf.LoadMasqDecision(maps.v4, maps.v6)
+				prog, err := masqbpf.LoadMasqDecision(maps.v4, maps.v6)
 				if err != nil {
 					return err
 				}
@@ -85,7 +86,7 @@ func bpfCommand(o *options) *cobra.Command {
 						return err
 					}
 					decision := "SNAT"
-					if v == bpf.MasqNoSNAT {
+					if v == masqbpf.MasqNoSNAT {
 						decision = "NO_SNAT"
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", addr, decision)

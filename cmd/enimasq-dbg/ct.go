@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // bpfCTCommand is `bpf ct list`: the connections the policy programs track
@@ -27,7 +27,7 @@ func bpfCTCommand(o *options) *cobra.Command {
 		Short: "List the tracked connections: device, protocol, pod and peer with their ports, who opened it, last seen",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := openPinned(bpfRootOf(o), bpf.PolicyCTMapName)
+			m, err := openPinned(bpfRootOf(o), policybpf.PolicyCTMapName)
 			if err != nil {
 				return err
 			}
@@ -45,7 +45,7 @@ func bpfCTCommand(o *options) *cobra.Command {
 			}
 			t := newTable(cmd.OutOrStdout(), "IFINDEX", "DEVICE", "PROTO", "POD", "PEER", "OPENED BY", "LAST SEEN")
 			for _, c := range conns {
-				t.row(strconv.Itoa(int(c.Ifindex)), orDash(c.Device), bpf.ProtocolName(uint32(c.Protocol)),
+				t.row(strconv.Itoa(int(c.Ifindex)), orDash(c.Device), policybpf.ProtocolName(uint32(c.Protocol)),
 					hostPort(c.Pod, c.PodPort, c.Protocol), hostPort(c.Peer, c.PeerPort, c.Protocol), c.OpenedBy,
 					(time.Duration(c.AgeSeconds*float64(time.Second))).Round(time.Millisecond).String()+" ago")
 			}
@@ -57,7 +57,7 @@ func bpfCTCommand(o *options) *cobra.Command {
 	return ct
 }
 
-// connection is a tracked connection: its key (bpf.PolicyConnection) and
+// connection is a tracked connection: its key (policybpf.PolicyConnection) and
 // its value, as list prints it.
 type connection struct {
 	Ifindex  uint32     `json:"ifindex"`
@@ -79,7 +79,7 @@ type connection struct {
 
 func hostPort(a netip.Addr, port uint16, proto uint8) string {
 	switch uint32(proto) {
-	case bpf.ProtocolTCP, bpf.ProtocolUDP, bpf.ProtocolSCTP:
+	case policybpf.ProtocolTCP, policybpf.ProtocolUDP, policybpf.ProtocolSCTP:
 		return netip.AddrPortFrom(a, port).String()
 	case 1, 58:
 		return fmt.Sprintf("%s id %d", a, port)
@@ -87,17 +87,17 @@ func hostPort(a netip.Addr, port uint16, proto uint8) string {
 	return a.String()
 }
 
-// ctValueSize is struct ct_value of bpf/c/policy.c: {u64 last_seen; u32
-// opened_by; u32 pad}; the key is bpf.PolicyCTKeySize bytes, decoded by
-// bpf.ParsePolicyCTKey.
+// ctValueSize is struct ct_value of bpf/policybpf/c/policy.c: {u64 last_seen; u32
+// opened_by; u32 pad}; the key is policybpf.PolicyCTKeySize bytes, decoded by
+// policybpf.ParsePolicyCTKey.
 const ctValueSize = 16
 
 // listConnections reads every tracked connection, sorted by device, pod,
 // peer, protocol and ports.
 func listConnections(m *ebpf.Map) ([]connection, error) {
-	if m.KeySize() != bpf.PolicyCTKeySize || m.ValueSize() != ctValueSize {
+	if m.KeySize() != policybpf.PolicyCTKeySize || m.ValueSize() != ctValueSize {
 		return nil, fmt.Errorf("%s has keys of %d bytes and values of %d, this enimasq-dbg reads %d and %d: another version's layout",
-			bpf.PolicyCTMapName, m.KeySize(), m.ValueSize(), bpf.PolicyCTKeySize, ctValueSize)
+			policybpf.PolicyCTMapName, m.KeySize(), m.ValueSize(), policybpf.PolicyCTKeySize, ctValueSize)
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
@@ -106,7 +106,7 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 	now := uint64(ts.Nano())
 	out := []connection{}
 	var (
-		key   = make([]byte, bpf.PolicyCTKeySize)
+		key   = make([]byte, policybpf.PolicyCTKeySize)
 		value = make([]byte, ctValueSize)
 	)
 	// A hash map is walked by keys; one evicted under the walk restarts
@@ -116,17 +116,17 @@ func listConnections(m *ebpf.Map) ([]connection, error) {
 		if err := m.NextKey(cursor, key); errors.Is(err, ebpf.ErrKeyNotExist) {
 			break
 		} else if err != nil {
-			return nil, fmt.Errorf("list %s: %w", bpf.PolicyCTMapName, err)
+			return nil, fmt.Errorf("list %s: %w", policybpf.PolicyCTMapName, err)
 		}
 		cursor = slices.Clone(key)
 		if err := m.Lookup(key, value); errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", bpf.PolicyCTMapName, err)
+			return nil, fmt.Errorf("%s: %w", policybpf.PolicyCTMapName, err)
 		}
-		c, ok := bpf.ParsePolicyCTKey(key)
+		c, ok := policybpf.ParsePolicyCTKey(key)
 		if !ok {
-			return nil, fmt.Errorf("%s: a key of family %d: another version's layout?", bpf.PolicyCTMapName, key[37])
+			return nil, fmt.Errorf("%s: a key of family %d: another version's layout?", policybpf.PolicyCTMapName, key[37])
 		}
 		conn := connection{Ifindex: c.Ifindex, Protocol: c.Protocol, Pod: c.Pod, PodPort: c.PodPort, Peer: c.Peer, PeerPort: c.PeerPort,
 			OpenedBy: "egress"}

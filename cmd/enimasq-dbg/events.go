@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
@@ -128,7 +128,7 @@ func policyEventLine(ev enforce.Event) string {
 		}
 		return a.String()
 	}
-	proto := bpf.ProtocolName(uint32(ev.Protocol))
+	proto := policybpf.ProtocolName(uint32(ev.Protocol))
 	if ev.DstPort != 0 {
 		proto += "/" + strconv.Itoa(int(ev.DstPort))
 	}

@@ -16,7 +16,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 )
 
@@ -52,19 +52,19 @@ var testEvents = []enforce.Event{
 		Time: time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC), Direction: "egress",
 		Pod: netip.MustParseAddr("10.0.0.5"), Peer: netip.MustParseAddr("10.9.1.1"), Protocol: 17, SrcPort: 40000, DstPort: 53,
 		Step: "admin", Object: "ClusterPolicyEndpoint/deny-all", ObjectID: 77,
-		Reason: bpf.PolicyAdminDeny, ReasonText: bpf.PolicyAdminDeny.String(), Device: "enq1234", Ifindex: 42,
+		Reason: policybpf.PolicyAdminDeny, ReasonText: policybpf.PolicyAdminDeny.String(), Device: "enq1234", Ifindex: 42,
 	},
 	{
 		Time: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC), Direction: "ingress",
 		Pod: netip.MustParseAddr("2001:db8::5"), Peer: netip.MustParseAddr("2001:db8::9"), Protocol: 58,
-		Step: "namespace", Reason: bpf.PolicyDenied, ReasonText: bpf.PolicyDenied.String(), Ifindex: 42,
+		Step: "namespace", Reason: policybpf.PolicyDenied, ReasonText: policybpf.PolicyDenied.String(), Ifindex: 42,
 	},
 	{
 		Time: time.Date(2026, 1, 2, 3, 4, 7, 0, time.UTC), Direction: "egress", Protocol: 6, DstPort: 80,
 		Pod: netip.MustParseAddr("10.0.0.5"), Peer: netip.MustParseAddr("8.8.8.8"),
-		Step: "baseline", ObjectID: 99, Reason: bpf.PolicyBaselineDeny, ReasonText: bpf.PolicyBaselineDeny.String(), Ifindex: 42,
+		Step: "baseline", ObjectID: 99, Reason: policybpf.PolicyBaselineDeny, ReasonText: policybpf.PolicyBaselineDeny.String(), Ifindex: 42,
 	},
-	{Time: time.Date(2026, 1, 2, 3, 4, 8, 0, time.UTC), Direction: "egress", Step: "none", Reason: bpf.PolicyMalformed, ReasonText: bpf.PolicyMalformed.String()},
+	{Time: time.Date(2026, 1, 2, 3, 4, 8, 0, time.UTC), Direction: "egress", Step: "none", Reason: policybpf.PolicyMalformed, ReasonText: policybpf.PolicyMalformed.String()},
 }
 
 // eventsAgent serves the test events as the agent does; following, it
@@ -97,7 +97,7 @@ func TestPolicyEvents(t *testing.T) {
 		"2026-01-02T03:04:05.006Z egress  10.0.0.5        10.9.1.1        udp/53     admin     ClusterPolicyEndpoint/deny-all denied by an Admin-tier rule",
 		"2026-01-02T03:04:06.000Z ingress 2001:db8::5     2001:db8::9     icmpv6     namespace - isolated, and no NetworkPolicy rule allows",
 		"2026-01-02T03:04:07.000Z egress  10.0.0.5        8.8.8.8         tcp/80     baseline  #99 denied by a Baseline-tier rule",
-		"2026-01-02T03:04:08.000Z egress  -               -               -          none      - " + bpf.PolicyMalformed.String(),
+		"2026-01-02T03:04:08.000Z egress  -               -               -          none      - " + policybpf.PolicyMalformed.String(),
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 )
 
@@ -71,7 +72,7 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 			defer closeMaps(maps)
 			entries := []policyEntryJSON{}
 			var lines []string
-			for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames) {
+			for _, name := range slices.Concat(policybpf.PolicyMapNames, policybpf.ClusterMapNames) {
 				m, ok := maps[name]
 				if !ok {
 					continue
@@ -81,7 +82,7 @@ func bpfPolicyCommand(o *options) *cobra.Command {
 					chunks = c
 				}
 				var versions bpf.LookupMap
-				if v, ok := maps[bpf.PolicyVersionsMapName]; ok {
+				if v, ok := maps[policybpf.PolicyVersionsMapName]; ok {
 					versions = v
 				}
 				es, err := netpolicy.ListPolicyMap(name, m, chunks, versions, podIP)
@@ -129,27 +130,27 @@ func bpfPolicyPodsCommand(o *options) *cobra.Command {
 		Short: "List the pod addresses bound to their devices (enimasq_policy_pods): pod, ifindex, device",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := openPinned(bpfRootOf(o), bpf.PolicyPodsMapName)
+			m, err := openPinned(bpfRootOf(o), policybpf.PolicyPodsMapName)
 			if err != nil {
 				return err
 			}
 			defer m.Close()
 			keys, err := bpf.Keys(m)
 			if err != nil {
-				return fmt.Errorf("%s: %w", bpf.PolicyPodsMapName, err)
+				return fmt.Errorf("%s: %w", policybpf.PolicyPodsMapName, err)
 			}
 			names := deviceNames(o)
 			pods := []policyPod{}
 			for _, k := range keys {
-				addr, ok := bpf.PolicyPodOfKey(k)
+				addr, ok := policybpf.PolicyPodOfKey(k)
 				if !ok {
-					return fmt.Errorf("%s: a key of %d bytes that is no pod address: the layout changed?", bpf.PolicyPodsMapName, len(k))
+					return fmt.Errorf("%s: a key of %d bytes that is no pod address: the layout changed?", policybpf.PolicyPodsMapName, len(k))
 				}
 				var ifindex uint32
 				if err := m.Lookup(k, &ifindex); errors.Is(err, ebpf.ErrKeyNotExist) {
 					continue
 				} else if err != nil {
-					return fmt.Errorf("%s %s: %w", bpf.PolicyPodsMapName, addr, err)
+					return fmt.Errorf("%s %s: %w", policybpf.PolicyPodsMapName, addr, err)
 				}
 				pods = append(pods, policyPod{Pod: addr, Ifindex: ifindex, Device: names(ifindex)})
 			}
@@ -255,7 +256,7 @@ func openPinned(bpfRoot, name string) (*ebpf.Map, error) {
 func openPolicyMaps(bpfRoot string, readOnly bool) (map[string]*ebpf.Map, error) {
 	dir := bpf.GlobalsDir(bpfRoot)
 	maps := map[string]*ebpf.Map{}
-	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames, []string{bpf.PolicyChunksMapName, bpf.ClusterChunksMapName, bpf.PolicyVersionsMapName}) {
+	for _, name := range slices.Concat(policybpf.PolicyMapNames, policybpf.ClusterMapNames, []string{policybpf.PolicyChunksMapName, policybpf.ClusterChunksMapName, policybpf.PolicyVersionsMapName}) {
 		path := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: readOnly})
 		if errors.Is(err, os.ErrNotExist) {

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
 	netpolicy "github.com/enimasq/enimasq/policymap/netpolicy/inspect"
@@ -243,7 +244,7 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 	if len(valid) == 0 {
 		return verdicts, errs, "", nil
 	}
-	var results []bpf.PolicyResult
+	var results []policybpf.PolicyResult
 	var names []string
 	program = "agent"
 	if agentRoot != "" && filepath.Clean(agentRoot) == filepath.Clean(root) {
@@ -263,7 +264,7 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 			verdicts[i].Object = names[j]
 		}
 		// The mode is the program's: the default step is the kernel's.
-		if r := results[j]; r.Step != bpf.StepDefault && (r.Allow != model.Allow || r.Step != model.Step || r.Interval != model.Interval) {
+		if r := results[j]; r.Step != policybpf.StepDefault && (r.Allow != model.Allow || r.Step != model.Step || r.Interval != model.Interval) {
 			errs[i] = fmt.Errorf("%s: the program says %+v, the pod's longest matching keys say %+v: the maps changed during the run?",
 				queries[i], r, model)
 		}
@@ -275,7 +276,7 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 // program to run; the program is loaded here instead.
 var errNoAgentProgram = errors.New("the agent runs no verdict program")
 
-func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, []string, error) {
+func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([]policybpf.PolicyResult, []string, error) {
 	req := enforce.VerdictRequest{Queries: make([]enforce.VerdictQuery, len(valid))}
 	for j, i := range valid {
 		q := queries[i]
@@ -292,14 +293,14 @@ func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([
 	case len(answer.Results) != len(valid):
 		return nil, nil, fmt.Errorf("the agent answered %d verdicts to %d queries", len(answer.Results), len(valid))
 	}
-	out := make([]bpf.PolicyResult, len(valid))
+	out := make([]policybpf.PolicyResult, len(valid))
 	names := make([]string, len(valid))
 	for j, r := range answer.Results {
-		step, err := bpf.ParsePolicyStep(r.Step)
+		step, err := policybpf.ParsePolicyStep(r.Step)
 		if err != nil {
 			return nil, nil, fmt.Errorf("the agent's verdict %d: %w", j, err)
 		}
-		out[j] = bpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, Step: step, Interval: r.Interval}
+		out[j] = policybpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, Step: step, Interval: r.Interval}
 		names[j] = r.Object
 	}
 	return out, names, nil
@@ -307,7 +308,7 @@ func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([
 
 // loadedVerdicts loads the verdict program on the pinned maps (through the
 // verifier) and runs it on the queries.
-func loadedVerdicts(root string, readOnly map[string]*ebpf.Map, queries []netpolicy.VerdictQuery, valid []int) ([]bpf.PolicyResult, error) {
+func loadedVerdicts(root string, readOnly map[string]*ebpf.Map, queries []netpolicy.VerdictQuery, valid []int) ([]policybpf.PolicyResult, error) {
 	maps, err := openPolicyMaps(root, false)
 	if err != nil {
 		return nil, err
@@ -317,17 +318,17 @@ func loadedVerdicts(root string, readOnly map[string]*ebpf.Map, queries []netpol
 	// tracked connections are not used: a verdict is the policy's for a
 	// new connection.
 	withMode := stdmaps.Clone(maps)
-	mode := filepath.Join(bpf.GlobalsDir(root), bpf.PolicyModeMapName)
+	mode := filepath.Join(bpf.GlobalsDir(root), policybpf.PolicyModeMapName)
 	if m, err := ebpf.LoadPinnedMap(mode, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
 		defer m.Close()
-		withMode[bpf.PolicyModeMapName] = m
+		withMode[policybpf.PolicyModeMapName] = m
 	}
-	prog, err := bpf.LoadPolicyProgram(withMode)
+	prog, err := policybpf.LoadPolicyProgram(withMode)
 	if err != nil {
 		return nil, err
 	}
 	defer prog.Close()
-	out := make([]bpf.PolicyResult, len(valid))
+	out := make([]policybpf.PolicyResult, len(valid))
 	for j, i := range valid {
 		v, err := netpolicy.JudgePacket(prog, readOnly, queries[i])
 		if err != nil {

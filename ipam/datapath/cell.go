@@ -19,7 +19,7 @@ import (
 // Cell provides the eni-rules and eni-routes tables, derives them from
 // enis, ipam-allocations and ip-masq-agent-cidrs, and reconciles them into
 // the kernel with netlink (the agent's network namespace, or a
-// NetlinkTarget's), repairing from the kernel's notifications. It provides
+// NetlinkTarget's), repairing from the kernel tables (cells/kernel). It provides
 // *Programmed, the wait a CNI ADD needs, and takes Settings.
 var Cell = cell.Group(
 	cell.ProvidePrivate(
@@ -82,6 +82,7 @@ type reconcilerParams struct {
 	Rules     statedb.RWTable[*Rule]
 	Routes    statedb.RWTable[*Route]
 	Netlink   *nlHandle
+	Kernel    kernelTables
 }
 
 func reconcilerOptions(s Settings, name string) []reconciler.Option {
@@ -110,13 +111,17 @@ func registerReconcilers(p reconcilerParams) error {
 	if err != nil {
 		return err
 	}
-	if p.Netlink.changes != nil {
-		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, nl: p.Netlink, settings: p.Settings,
-			changes: p.Netlink.changes, pruneNow: rules.Prune, subscribed: make(chan struct{})}
+	if p.Netlink.repair {
+		repair := &ruleRepair{log: p.Log, db: p.DB, rules: p.Rules, families: p.Netlink.families, settings: p.Settings,
+			kernel: p.Kernel, pruneNow: rules.Prune}
 		if p.Settings.Routes {
 			repair.routes = p.Routes
 		}
-		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error { repair.subscribe(); return nil }})
+		// From now on: once the agent has started, no deletion goes
+		// unseen.
+		if err := repair.follow(); err != nil {
+			return err
+		}
 		p.Jobs.Add(job.OneShot("repair-deleted-rules", repair.run))
 	}
 	if !p.Settings.Routes {

@@ -2,33 +2,32 @@ package datapath
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/enimasq/enimasq/cells/nldump"
-
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
+
+	"github.com/enimasq/enimasq/cells/kernel"
 )
 
 // ruleRepair puts a rule or route of ours back as soon as someone else
-// deletes it, instead of at the next refresh: it listens to the change
-// notifications (NetlinkChanges: the kernel's in the agent's network
-// namespace, or a fake's (ipam/netlinkfake) in tests) and, after a deletion,
-// marks Pending every Done row of eni-rules (eni-routes) whose rule (route)
-// the kernel no longer holds exactly; the reconciler adds it again. A link
-// that goes away takes its routes with it (the kernel sends no route
-// notification for those): its rows go Pending, so the reconciler tries
-// them and says why they fail (no link with the MAC) until a link with the
-// ENI's MAC appears, which makes them Pending again at once. A row says Done
-// only while the kernel holds it. The periodic refresh stays as the safety
-// net (for a lost notification).
+// deletes it, instead of at the next refresh: it follows the kernel-rules,
+// kernel-routes and kernel-links tables (cells/kernel: the kernel of the
+// agent's network namespace, or a fake's (ipam/netlinkfake) in tests) and,
+// after a rule leaves kernel-rules, marks Pending every Done row of
+// eni-rules whose rule the kernel no longer holds exactly; after a route or
+// link changes, every Done row of eni-routes whose route is not held as
+// written. The reconciler adds them again. A link that goes away takes its
+// routes with it: its rows go Pending, so the reconciler tries them and
+// says why they fail (no link with the MAC) until a link with the ENI's MAC
+// appears, which makes them Pending again at once. A row says Done only
+// while the kernel holds it. The periodic refresh stays as the safety net.
 //
 // A rule added or deleted by anyone also prunes at once (pruneNow: the
 // reconciler's Prune, at most every minPruneGap): a rule of ours that no row
@@ -40,114 +39,122 @@ type ruleRepair struct {
 	db       *statedb.DB
 	rules    statedb.RWTable[*Rule]
 	routes   statedb.RWTable[*Route] // nil: routes are not ours (Cilium's IPAM)
-	nl       *nlHandle
+	families []int
 	settings Settings
-	changes  NetlinkChanges
+	kernel   kernelTables
 	// pruneNow triggers the rule reconciler's prune.
 	pruneNow func()
 
-	// subscribed is closed by subscribe; then sub is set, or subErr.
-	subscribed chan struct{}
-	sub        NetlinkSubscription
-	subErr     error
+	// The changes of the kernel tables, from the start on.
+	kernelRules  statedb.ChangeIterator[*kernel.Rule]
+	kernelRoutes statedb.ChangeIterator[*kernel.Route]
+	kernelLinks  statedb.ChangeIterator[*kernel.Link]
 }
 
-// subscribe subscribes to the notifications, from a start hook: once the
-// agent has started, no deletion goes unseen.
-func (r *ruleRepair) subscribe() {
-	defer close(r.subscribed)
-	r.sub, r.subErr = r.changes.SubscribeChanges(r.nl.families, r.routes != nil)
+// kernelTables are the tables of cells/kernel the repair reads.
+type kernelTables struct {
+	cell.In
+
+	Rules  statedb.Table[*kernel.Rule]
+	Routes statedb.Table[*kernel.Route]
+	Links  statedb.Table[*kernel.Link]
 }
 
-// run reads the notifications until ctx ends.
+// follow starts the change iterators: every change from now on is seen.
+func (r *ruleRepair) follow() error {
+	wtxn := r.db.WriteTxn(r.kernel.Rules, r.kernel.Routes, r.kernel.Links)
+	defer wtxn.Abort()
+	var err error
+	if r.kernelRules, err = r.kernel.Rules.Changes(wtxn); err != nil {
+		return fmt.Errorf("follow kernel-rules: %w", err)
+	}
+	if r.kernelRoutes, err = r.kernel.Routes.Changes(wtxn); err != nil {
+		return fmt.Errorf("follow kernel-routes: %w", err)
+	}
+	if r.kernelLinks, err = r.kernel.Links.Changes(wtxn); err != nil {
+		return fmt.Errorf("follow kernel-links: %w", err)
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// kernelChanges is what changed in the kernel tables since the last look.
+type kernelChanges struct {
+	ruleDeleted, ruleChanged, routesChanged bool
+	watch                                   []<-chan struct{}
+}
+
+func (r *ruleRepair) changes(txn statedb.ReadTxn) kernelChanges {
+	var c kernelChanges
+	rules, rw := r.kernelRules.Next(txn)
+	for change := range rules {
+		c.ruleChanged = true
+		c.ruleDeleted = c.ruleDeleted || change.Deleted
+	}
+	routes, routesW := r.kernelRoutes.Next(txn)
+	for range routes {
+		// A route added may be one of ours replaced in place.
+		c.routesChanged = true
+	}
+	links, linksW := r.kernelLinks.Next(txn)
+	for range links {
+		c.routesChanged = true
+	}
+	c.watch = []<-chan struct{}{rw, routesW, linksW}
+	return c
+}
+
+// run follows the kernel tables until ctx ends.
 func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
-	// The job may start before the start hook that subscribes has run.
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-r.subscribed:
-	}
-	if r.sub == nil {
-		// Not fatal: the refresh repairs, later.
-		health.Degraded("no kernel notifications: deleted rules and routes come back at the refresh only", r.subErr)
-		<-ctx.Done()
-		return nil
-	}
-	sub := r.sub
-
-	deleted := make(chan struct{}, 1)       // a rule went
-	ruleChanged := make(chan struct{}, 1)   // a rule came or went
-	routesChanged := make(chan struct{}, 1) // a route changed, a link came or went
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		for ctx.Err() == nil {
-			changes, err := sub.Receive(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					r.log.Warn("Rule notifications stopped; deleted rules come back at the refresh", "error", err)
-				}
-				return
-			}
-			for _, c := range changes {
-				switch c {
-				case RuleAdded:
-					notify(ruleChanged)
-				case RuleDeleted:
-					notify(deleted)
-					notify(ruleChanged)
-				case RouteAdded, RouteDeleted, LinkChanged, LinkDeleted:
-					// A route added may be one of ours replaced in place.
-					notify(routesChanged)
-				case ChangesLost:
-					// Notifications were lost: check everything.
-					notify(deleted)
-					notify(ruleChanged)
-					notify(routesChanged)
-				}
-			}
+	// The kernel's first listing is the state the reconcilers start from,
+	// not a change: it is taken in without a repair.
+	for {
+		txn := r.db.ReadTxn()
+		rulesInit, rw := r.kernel.Rules.Initialized(txn)
+		routesInit, routesW := r.kernel.Routes.Initialized(txn)
+		linksInit, linksW := r.kernel.Links.Initialized(txn)
+		if rulesInit && routesInit && linksInit {
+			r.changes(txn)
+			break
 		}
-	}()
-	defer func() {
-		<-readerDone
-		sub.Close()
-	}()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-rw:
+		case <-routesW:
+		case <-linksW:
+		}
+	}
 
 	health.OK("Watching rule, route and link changes")
 	var pruneGap <-chan time.Time // set while the last prune is too recent
 	prunePending := false
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ruleChanged:
+		c := r.changes(r.db.ReadTxn())
+		if c.ruleChanged {
 			prunePending = true
-		case <-pruneGap:
-			pruneGap = nil
-		case <-readerDone:
-			err := errors.New("the notification socket failed")
-			health.Degraded("no kernel notifications any more: deleted rules and routes come back at the refresh only", err)
-			return err
-		case <-deleted:
-			if n, err := r.repair(); err != nil {
-				health.Degraded("checking the rules after a deletion", err)
-			} else {
-				if n > 0 {
-					r.log.Info("Rules deleted by someone else: putting them back", "rules", n)
-				}
-				health.OK("Watching rule, route and link changes")
+		}
+		if c.ruleDeleted {
+			if n := r.repair(); n > 0 {
+				r.log.Info("Rules deleted by someone else: putting them back", "rules", n)
 			}
-		case <-routesChanged:
-			if err := r.repairRoutes(); err != nil {
-				health.Degraded("checking the routes after a change", err)
-			} else {
-				health.OK("Watching rule, route and link changes")
-			}
+		}
+		if c.routesChanged {
+			r.repairRoutes()
 		}
 		if prunePending && pruneGap == nil && r.pruneNow != nil {
 			prunePending = false
 			r.pruneNow()
 			pruneGap = time.After(minPruneGap)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-pruneGap:
+			pruneGap = nil
+		case <-c.watch[0]:
+		case <-c.watch[1]:
+		case <-c.watch[2]:
 		}
 	}
 }
@@ -161,29 +168,24 @@ const minPruneGap = 50 * time.Millisecond
 // as desired (missing, or replaced in place: another gateway, link or scope)
 // while their ENI's link is there, and tries again, at once, the rows that
 // failed for want of a link that is back.
-func (r *ruleRepair) repairRoutes() error {
+func (r *ruleRepair) repairRoutes() {
 	if r.routes == nil {
-		return nil
-	}
-	links, err := nldump.List("ip link list", r.nl.LinkList)
-	if err != nil {
-		return fmt.Errorf("ip link list: %w", err)
-	}
-	linkOfMAC := map[string]int{}
-	for _, l := range links {
-		linkOfMAC[l.Attrs().HardwareAddr.String()] = l.Attrs().Index
-	}
-	kernel, err := ListRoutes(r.nl, r.nl.families)
-	if err != nil {
-		return err
-	}
-	held := map[RouteKey][]netlink.Route{}
-	for _, kr := range kernel {
-		k := routeKeyOf(&kr)
-		held[k] = append(held[k], kr)
+		return
 	}
 	wtxn := r.db.WriteTxn(r.routes)
 	defer wtxn.Abort()
+	linkOfMAC := map[string]int{}
+	for l := range r.kernel.Links.All(wtxn) {
+		linkOfMAC[l.MAC] = l.Index
+	}
+	held := map[RouteKey][]netlink.Route{}
+	for kr := range r.kernel.Routes.All(wtxn) {
+		if kr.Protocol != RTProto || !slices.Contains(r.families, kr.Family) {
+			continue
+		}
+		k := routeKeyOf(&kr.Route)
+		held[k] = append(held[k], kr.Route)
+	}
 	var changed []*Route
 	for row := range r.routes.All(wtxn) {
 		link, linked := linkOfMAC[row.MAC]
@@ -210,35 +212,23 @@ func (r *ruleRepair) repairRoutes() error {
 	if len(changed) > 0 {
 		r.log.Info("ENI links or routes changed behind enimasq's back", "routes-updated", len(changed))
 	}
-	return nil
-}
-
-// notify signals ch without blocking: one pending signal covers a burst.
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 // repair marks Pending the Done rows whose rule the kernel does not hold, and
 // returns how many.
-func (r *ruleRepair) repair() (int, error) {
-	present := map[RuleKey]bool{}
-	for _, fam := range r.nl.families {
-		rules, err := nldump.List("ip rule list", func() ([]netlink.Rule, error) { return r.nl.RuleList(fam) })
-		if err != nil {
-			return 0, fmt.Errorf("ip rule list: %w", err)
-		}
-		for i := range rules {
-			k, plain := ruleKeyOf(&rules[i])
-			if plain && int(rules[i].Protocol) == r.settings.PodRules.Protocol {
-				present[k] = true
-			}
-		}
-	}
+func (r *ruleRepair) repair() int {
 	wtxn := r.db.WriteTxn(r.rules)
 	defer wtxn.Abort()
+	present := map[RuleKey]bool{}
+	for kr := range r.kernel.Rules.All(wtxn) {
+		if !slices.Contains(r.families, kr.Family) {
+			continue
+		}
+		k, plain := ruleKeyOf(&kr.Rule)
+		if plain && int(kr.Protocol) == r.settings.PodRules.Protocol {
+			present[k] = true
+		}
+	}
 	var missing []*Rule
 	for row := range r.rules.All(wtxn) {
 		if row.Status.Kind != reconciler.StatusKindDone || present[row.RuleKey] {
@@ -250,5 +240,5 @@ func (r *ruleRepair) repair() (int, error) {
 		r.rules.Insert(wtxn, row.Clone().SetStatus(reconciler.StatusPending()))
 	}
 	wtxn.Commit()
-	return len(missing), nil
+	return len(missing)
 }

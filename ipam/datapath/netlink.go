@@ -49,21 +49,20 @@ var _ Netlink = (*netlink.Handle)(nil)
 // (netlinkfake.Netlink.Target). An agent does not provide it.
 type NetlinkTarget struct {
 	Handle Netlink
-	// NS is the namespace of Handle, for the kernel's notifications (nil,
-	// and no Changes: none are listened to, the refresh repairs).
-	NS *netns.NsHandle
-	// Changes, if set, delivers the notifications of Handle's changes
-	// instead of the kernel (a netlinkfake.Netlink).
-	Changes NetlinkChanges
+	// Repair says that the kernel tables (cells/kernel) are those of
+	// Handle's namespace (the hive's kernel.Source is the same fake, or
+	// its *netns.NsHandle the same namespace): the repair follows them.
+	// False: none is done, the refresh repairs.
+	Repair bool
 }
 
 // nlHandle is the handle the cell's operations and script commands use.
 type nlHandle struct {
 	Netlink
 	families []int
-	// changes are the notifications of the handle's rules, routes and
-	// links (nil: none can be listened to).
-	changes NetlinkChanges
+	// repair says whether the kernel tables are of the handle's
+	// namespace, and the repair may follow them.
+	repair bool
 }
 
 type netlinkParams struct {
@@ -86,11 +85,7 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		fams = append(fams, unix.AF_INET6)
 	}
 	if p.Target != nil {
-		h := &nlHandle{Netlink: p.Target.Handle, families: fams, changes: p.Target.Changes}
-		if h.changes == nil && p.Target.NS != nil {
-			h.changes = kernelChanges{ns: p.Target.NS}
-		}
-		return h, nil
+		return &nlHandle{Netlink: p.Target.Handle, families: fams, repair: p.Target.Repair}, nil
 	}
 	ns, err := netns.GetFromPath("/proc/self/ns/net")
 	if err != nil {
@@ -102,7 +97,7 @@ func newNetlink(p netlinkParams) (*nlHandle, error) {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
 	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { h.Close(); return nil }})
-	return &nlHandle{Netlink: h, families: fams, changes: kernelChanges{}}, nil
+	return &nlHandle{Netlink: h, families: fams, repair: true}, nil
 }
 
 // fromIPNet is the prefix of a netlink selector, zero for none (IPv4

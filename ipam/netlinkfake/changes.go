@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/enimasq/enimasq/ipam/datapath"
+	"github.com/enimasq/enimasq/cells/kernel"
 )
 
 // fakeSubscription is a subscription to a Netlink's changes: an
@@ -17,17 +17,18 @@ type fakeSubscription struct {
 	routes   bool
 
 	mu      sync.Mutex
-	pending []datapath.NetlinkChange
+	pending []kernel.Change
 	closed  bool
 	wake    chan struct{} // one signal covers every queued change
 }
 
 var errSubscriptionClosed = errors.New("fake netlink: subscription closed")
 
-// SubscribeChanges subscribes to the changes of the rules of families and,
-// with routes, of their routes and of links.
-func (f *Netlink) SubscribeChanges(families []int, routes bool) (datapath.NetlinkSubscription, error) {
-	s := &fakeSubscription{f: f, families: slices.Clone(families), routes: routes, wake: make(chan struct{}, 1)}
+// Subscribe subscribes to the changes of the rules of the groups'
+// families and, with Routes, of their routes and of links (addresses are
+// not modelled: none is announced).
+func (f *Netlink) Subscribe(g kernel.Groups) (kernel.Subscription, error) {
+	s := &fakeSubscription{f: f, families: slices.Clone(g.Families), routes: g.Routes, wake: make(chan struct{}, 1)}
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
 	f.mu.Unlock()
@@ -36,11 +37,11 @@ func (f *Netlink) SubscribeChanges(families []int, routes bool) (datapath.Netlin
 
 // wants says whether the subscription's groups include the change (a
 // family of 0: a link's).
-func (s *fakeSubscription) wants(c datapath.NetlinkChange, family int) bool {
+func (s *fakeSubscription) wants(c kernel.Change, family int) bool {
 	switch c {
-	case datapath.RuleAdded, datapath.RuleDeleted:
+	case kernel.RuleAdded, kernel.RuleDeleted:
 		return slices.Contains(s.families, family)
-	case datapath.RouteAdded, datapath.RouteDeleted:
+	case kernel.RouteAdded, kernel.RouteDeleted:
 		return s.routes && slices.Contains(s.families, family)
 	default:
 		return s.routes
@@ -49,7 +50,7 @@ func (s *fakeSubscription) wants(c datapath.NetlinkChange, family int) bool {
 
 // emit delivers a change to the subscriptions that want it; f.mu is held,
 // so every subscription sees the changes in the order they were made.
-func (f *Netlink) emit(c datapath.NetlinkChange, family int) {
+func (f *Netlink) emit(c kernel.Change, family int) {
 	for s := range f.subs {
 		if !s.wants(c, family) {
 			continue
@@ -61,7 +62,7 @@ func (f *Netlink) emit(c datapath.NetlinkChange, family int) {
 	}
 }
 
-func (s *fakeSubscription) Receive(ctx context.Context) ([]datapath.NetlinkChange, error) {
+func (s *fakeSubscription) Receive(ctx context.Context) ([]kernel.Change, error) {
 	for {
 		s.mu.Lock()
 		changes, closed := s.pending, s.closed
@@ -94,7 +95,7 @@ func (s *fakeSubscription) Close() error {
 
 // deleteFirst removes the first entry of *list that match takes, as the
 // kernel's delete does, and emits change; notFound when none matches.
-func deleteFirst[T any](f *Netlink, list *[]T, match func(T) bool, notFound error, change datapath.NetlinkChange, family int) error {
+func deleteFirst[T any](f *Netlink, list *[]T, match func(T) bool, notFound error, change kernel.Change, family int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i := slices.IndexFunc(*list, match)

@@ -6,14 +6,16 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cilium/hive/cell"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // Netlink is an in-memory network namespace for tests without root: it
-// implements datapath.Netlink and datapath.NetlinkChanges with the kernel's semantics that
+// implements datapath.Netlink and kernel.Source with the kernel's semantics that
 // the reconcilers and the repair rely on, checked against kernel 6.18:
 //
 //   - ip rules (rules.go): the kernel's default rules; EEXIST on a
@@ -36,7 +38,8 @@ import (
 //   - notifications (changes.go): every successful change is
 //     delivered to the subscriptions of its kind and family, in order;
 //     like the kernel, a deleted link's IPv4 routes go without
-//     datapath.RouteDeleted.
+//     kernel.RouteDeleted. It is a kernel.Source: cells/kernel keeps
+//     its tables from it as from the kernel.
 //
 // It does not model: addresses and the local and main tables' own routes,
 // rule actions other than lookup, the rule selectors goto, flow, tun_id,
@@ -54,8 +57,8 @@ type Netlink struct {
 }
 
 var (
-	_ datapath.Netlink        = (*Netlink)(nil)
-	_ datapath.NetlinkChanges = (*Netlink)(nil)
+	_ datapath.Netlink = (*Netlink)(nil)
+	_ kernel.Source    = (*Netlink)(nil)
 )
 
 type fakeLink struct {
@@ -77,11 +80,21 @@ func New() *Netlink {
 	return f
 }
 
-// Target is the datapath.NetlinkTarget that makes the ipam cell program f and
-// listen to f's notifications.
+// Target is the datapath.NetlinkTarget that makes the ipam cell program f
+// and repair from the kernel tables: provide f as the hive's kernel.Source
+// too (Cells does both).
 func (f *Netlink) Target() *datapath.NetlinkTarget {
-	return &datapath.NetlinkTarget{Handle: f, Changes: f}
+	return &datapath.NetlinkTarget{Handle: f, Repair: true}
 }
+
+// Cells make the hive's kernel f: the ipam cell programs it (Target) and
+// cells/kernel reads it (a kernel.Source).
+func (f *Netlink) Cells() cell.Cell {
+	return cell.Provide(f.Target, func() kernel.Source { return f })
+}
+
+// AddrList lists no address: addresses are not modelled.
+func (f *Netlink) AddrList(netlink.Link, int) ([]netlink.Addr, error) { return nil, nil }
 
 // AddLink adds an up link with the name and MAC, as `ip link add` of a
 // veth would (without its peer). The index is never reused.
@@ -93,7 +106,7 @@ func (f *Netlink) AddLink(name string, mac net.HardwareAddr) error {
 	}
 	f.links = append(f.links, fakeLink{index: f.nextIndex, name: name, mac: slices.Clone(mac)})
 	f.nextIndex++
-	f.emit(datapath.LinkChanged, 0)
+	f.emit(kernel.LinkChanged, 0)
 	return nil
 }
 
@@ -116,11 +129,11 @@ func (f *Netlink) DelLink(name string) error {
 		}
 		if r.family == unix.AF_INET6 {
 			// The kernel announces these; not the IPv4 ones.
-			f.emit(datapath.RouteDeleted, r.family)
+			f.emit(kernel.RouteDeleted, r.family)
 		}
 		return true
 	})
-	f.emit(datapath.LinkDeleted, 0)
+	f.emit(kernel.LinkDeleted, 0)
 	return nil
 }
 

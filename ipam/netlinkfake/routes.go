@@ -10,8 +10,8 @@ import (
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/cells/prefixorder"
-	"github.com/enimasq/enimasq/ipam/datapath"
 )
 
 // fakeRoute is a route as the kernel keeps it; family, table, dst, tos and
@@ -144,7 +144,7 @@ func (f *Netlink) RouteReplace(r *netlink.Route) error {
 	} else {
 		f.routes = append(f.routes, q)
 	}
-	f.emit(datapath.RouteAdded, q.family)
+	f.emit(kernel.RouteAdded, q.family)
 	return nil
 }
 
@@ -166,7 +166,7 @@ func (f *Netlink) RouteDel(r *netlink.Route) error {
 		return err
 	}
 	return deleteFirst(f, &f.routes, func(stored fakeRoute) bool { return matchesRouteDelete(stored, q) },
-		fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH), datapath.RouteDeleted, q.family)
+		fmt.Errorf("fake netlink: ip route del %s table %d: %w", q.dst, q.table, unix.ESRCH), kernel.RouteDeleted, q.family)
 }
 
 // routeFilters are the filterMask bits RouteListFiltered applies.

@@ -9,7 +9,7 @@ import (
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/ipam/datapath"
+	"github.com/enimasq/enimasq/cells/kernel"
 )
 
 // fakeRule is a rule as the kernel keeps it (the selectors Netlink
@@ -153,7 +153,7 @@ func (f *Netlink) RuleAdd(r *netlink.Rule) error {
 		}
 	}
 	f.rules = slices.Insert(f.rules, at, q)
-	f.emit(datapath.RuleAdded, q.family)
+	f.emit(kernel.RuleAdded, q.family)
 	return nil
 }
 
@@ -163,7 +163,7 @@ func (f *Netlink) RuleDel(r *netlink.Rule) error {
 		return err
 	}
 	return deleteFirst(f, &f.rules, func(stored fakeRule) bool { return matchesDelete(stored, q) },
-		fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT), datapath.RuleDeleted, q.family)
+		fmt.Errorf("fake netlink: ip rule del: %w", unix.ENOENT), kernel.RuleDeleted, q.family)
 }
 
 // RuleList lists the rules of family (0: all) as netlink.Handle parses the

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/script"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/masqbpf"
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
 )
@@ -59,10 +60,10 @@ func scriptCommands(masq *policymap.Maps[*Entry]) hive.ScriptCmdsOut {
 				}
 				open := masq.Opened()
 				decide := func(a netip.Addr) (uint32, error) {
-					return bpf.MasqDecideModel(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName], a)
+					return masqbpf.MasqDecideModel(open[bpf.IPMasqV4MapName], open[bpf.IPMasqV6MapName], a)
 				}
 				if kernel, ok := bpf.KernelMaps(open); ok {
-					prog, err := bpf.LoadMasqDecision(kernel[bpf.IPMasqV4MapName], kernel[bpf.IPMasqV6MapName])
+					prog, err := masqbpf.LoadMasqDecision(kernel[bpf.IPMasqV4MapName], kernel[bpf.IPMasqV6MapName])
 					if err != nil {
 						return nil, err
 					}
@@ -79,7 +80,7 @@ func scriptCommands(masq *policymap.Maps[*Entry]) hive.ScriptCmdsOut {
 					if err != nil {
 						return nil, err
 					}
-					fmt.Fprintf(&out, "%s %s\n", addr, map[uint32]string{bpf.MasqNoSNAT: "NO_SNAT", bpf.MasqSNAT: "SNAT"}[verdict])
+					fmt.Fprintf(&out, "%s %s\n", addr, map[uint32]string{masqbpf.MasqNoSNAT: "NO_SNAT", masqbpf.MasqSNAT: "SNAT"}[verdict])
 				}
 				return func(*script.State) (string, string, error) { return out.String(), "", nil }, nil
 			}),

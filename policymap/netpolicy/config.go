@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/k8sclient"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
@@ -35,8 +35,8 @@ type PolicyConfig struct {
 var DefaultPolicyConfig = PolicyConfig{
 	EnableNetworkPolicy:           false,
 	PolicyEndpointsPath:           "",
-	PolicyMapMaxEntries:           bpf.PolicyDefaultMaxEntries,
-	PolicyConntrackMax:            bpf.PolicyDefaultConntrackMax,
+	PolicyMapMaxEntries:           policybpf.PolicyDefaultMaxEntries,
+	PolicyConntrackMax:            policybpf.PolicyDefaultConntrackMax,
 	PolicyEndpointsResyncInterval: 60 * time.Second,
 	EnforcingMode:                 "standard",
 	Attach:                        enforce.AttachAuto,
@@ -59,7 +59,7 @@ func (def PolicyConfig) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-network-policy", def.EnableNetworkPolicy, "Program the per-pod network-policy maps from the PolicyEndpoint objects: from the Kubernetes API server when it is enabled, else from --policy-endpoints-path")
 	flags.String("policy-endpoints-path", def.PolicyEndpointsPath, "Directory of PolicyEndpoint files (networking.k8s.aws/v1alpha1, YAML or JSON, several documents or a List per file); it is watched. Not allowed with the Kubernetes API server, which is then the source")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Size of each network-policy map (enimasq_egress_v4/_v6, enimasq_ingress_v4/_v6, the cluster maps and the chunk maps). A policy change holds the keys of each pod it changes twice until the new version is in: size it for the entries in use plus the new versions of the pods one change touches (the largest pod's at least; twice the entries in use for a policy that selects every pod, i.e. enimasq_bpf_map_pressure below 0.5)")
-	flags.Uint32("policy-conntrack-max", def.PolicyConntrackMax, fmt.Sprintf("Connections the policy programs track for the node (enimasq_policy_ct, an LRU hash of %d bytes of kernel memory a connection: the default is 64 MiB, as the AWS agent's conntrack-cache-table-size); when it is full the least recently used goes, and its next packets are judged by the policy again. A change of size starts the table afresh", bpf.PolicyConntrackEntryBytes))
+	flags.Uint32("policy-conntrack-max", def.PolicyConntrackMax, fmt.Sprintf("Connections the policy programs track for the node (enimasq_policy_ct, an LRU hash of %d bytes of kernel memory a connection: the default is 64 MiB, as the AWS agent's conntrack-cache-table-size); when it is full the least recently used goes, and its next packets are judged by the policy again. A change of size starts the table afresh", policybpf.PolicyConntrackEntryBytes))
 	flags.Duration("policy-endpoints-resync-interval", def.PolicyEndpointsResyncInterval, "Re-read the PolicyEndpoint directory this often, in case a file event was missed (with the API server: re-check the node's addresses this often)")
 	flags.String("network-policy-enforcing-mode", def.EnforcingMode, `The programs are on every pod's device; "standard": a pod that no policy selects is allowed; "strict": a pod is denied until its policy is in the kernel (as the AWS network policy agent's NETWORK_POLICY_ENFORCING_MODE)`)
 	flags.String("network-policy-attach", def.Attach, `How the policy programs are put on the pods' devices: "tcx" (kernel 6.6), "tc" (clsact), or "auto" (tcx where the kernel has it)`)
@@ -133,7 +133,7 @@ func (c PolicyConfig) validate(api bool) error {
 	case c.AttachCheckInterval <= 0:
 		return fmt.Errorf("--network-policy-attach-check-interval %s: must be positive", c.AttachCheckInterval)
 	}
-	if _, err := bpf.ParsePolicyMode(c.EnforcingMode); err != nil {
+	if _, err := policybpf.ParsePolicyMode(c.EnforcingMode); err != nil {
 		return fmt.Errorf("--network-policy-enforcing-mode: %w", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
@@ -37,7 +38,7 @@ type enforceParams struct {
 // newEnforceSettings: enforcement runs with network policy on kernel maps,
 // standalone; linked into Cilium, Cilium's own policy owns the pods' devices.
 func newEnforceSettings(p enforceParams) enforce.Settings {
-	mode, _ := bpf.ParsePolicyMode(p.Policy.EnforcingMode) // validated with the flags
+	mode, _ := policybpf.ParsePolicyMode(p.Policy.EnforcingMode) // validated with the flags
 	s := enforce.Settings{
 		Mode:          mode,
 		Attach:        p.Policy.Attach,
@@ -88,8 +89,8 @@ func kernelPolicyMaps(ops compile.KernelMaps) enforce.PolicyMaps {
 		}
 		// Without the versions map a program would look every pod's keys
 		// up at version 0: no policy.
-		if maps[bpf.PolicyVersionsMapName] == nil {
-			return nil, errors.New(bpf.PolicyVersionsMapName + " is not open")
+		if maps[policybpf.PolicyVersionsMapName] == nil {
+			return nil, errors.New(policybpf.PolicyVersionsMapName + " is not open")
 		}
 		return maps, nil
 	}

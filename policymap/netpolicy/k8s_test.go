@@ -23,6 +23,7 @@ import (
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/infra"
 	"github.com/enimasq/enimasq/cells/k8sclient"
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/test/k8stest"
@@ -51,7 +52,7 @@ func TestPrivilegedK8sScripts(t *testing.T) {
 		if err := s.ExtractFiles(archive); err != nil {
 			t.Fatal(err)
 		}
-		e := celltest.NewEngine(t, args, k8sclient.Cell, nodeips.Cell, testNodeIPs, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+		e := celltest.NewEngine(t, args, k8sclient.Cell, kernel.Cell, nodeips.Cell, testNodeIPs, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 		maps.Copy(e.Cmds, c.ScriptCommands())
 		celltest.RunScript(t, e, s, file, archive)
 	})
@@ -72,7 +73,7 @@ var testNodeIPs = cell.Invoke(func(db *statedb.DB, table statedb.RWTable[*nodeip
 // client stops the hive at start, naming both.
 func TestSourceConflictAtStart(t *testing.T) {
 	kubeconfig := k8stest.UnreachableKubeconfig(t)
-	h := infra.New(infra.Core, infra.NodeConfigCell, k8sclient.Cell, nodeips.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+	h := infra.New(infra.Core, infra.NodeConfigCell, k8sclient.Cell, kernel.Cell, nodeips.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse([]string{"--k8s-kubeconfig-path=" + kubeconfig, "--k8s-node-name=node-1",

@@ -7,7 +7,7 @@ import (
 
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/policymap/netpolicy/enforce"
@@ -20,10 +20,10 @@ import (
 // those whose rules allow the packet and a denial those that isolate the
 // pod in the direction.
 func objectNames(db *statedb.DB, pes statedb.Table[*endpoints.PolicyEndpoint], cpes statedb.Table[*endpoints.ClusterPolicyEndpoint]) enforce.ObjectNames {
-	return func(d bpf.Direction, q enforce.VerdictQuery, res bpf.PolicyResult) string {
+	return func(d policybpf.Direction, q enforce.VerdictQuery, res policybpf.PolicyResult) string {
 		txn := db.ReadTxn()
 		switch res.Step {
-		case bpf.StepAdmin, bpf.StepBaseline:
+		case policybpf.StepAdmin, policybpf.StepBaseline:
 			if res.Object == 0 {
 				if res.Allow {
 					return "node IP"
@@ -35,7 +35,7 @@ func objectNames(db *statedb.DB, pes statedb.Table[*endpoints.PolicyEndpoint], c
 					return "ClusterPolicyEndpoint/" + c.Name
 				}
 			}
-		case bpf.StepNamespace:
+		case policybpf.StepNamespace:
 			pod, peer := q.Pod.Unmap(), q.Peer.Unmap()
 			var names []string
 			listing := statedb.Collect(pes.List(txn, endpoints.PolicyEndpointPodIndex.Query(pod)))
@@ -72,8 +72,8 @@ func ruleAllows(r endpoints.Rule, peer netip.Addr, proto uint32, port uint16) bo
 		return true
 	}
 	for _, p := range r.Ports {
-		e := bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
-		if e.Allows(proto, port, bpf.PortKnown(proto)) {
+		e := policybpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
+		if e.Allows(proto, port, policybpf.PortKnown(proto)) {
 			return true
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/scriptcmd"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
@@ -49,9 +50,9 @@ func policyScriptCommands(ops *policymap.Maps[*compile.PolicyMapEntry], all comp
 		if err := compile.WaitVersionsSettled(db, versions, 10*time.Second); err != nil {
 			return "", err
 		}
-		var prog *bpf.PolicyProgram // nil on fake maps: the entries decide
+		var prog *policybpf.PolicyProgram // nil on fake maps: the entries decide
 		if kernel, ok := bpf.KernelMaps(all.Opened()); ok {
-			p, err := bpf.LoadPolicyProgram(kernel)
+			p, err := policybpf.LoadPolicyProgram(kernel)
 			if err != nil {
 				return "", err
 			}

@@ -3,6 +3,7 @@ package netpolicy_test
 import (
 	"testing"
 
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/ipmasq"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/maptest"
@@ -23,11 +24,11 @@ import (
 // ApplicationNetworkPolicies, is judged by test.TestPrivilegedAWSController
 // (test/awsctl_*_test.go) against a reference of the APIs' semantics.
 func TestScript(t *testing.T) {
-	maptest.RunFake(t, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+	maptest.RunFake(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 }
 
 // TestPrivilegedScript runs the same scripts on kernel maps, the verdicts
 // from the policy program.
 func TestPrivilegedScript(t *testing.T) {
-	maptest.RunKernel(t, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+	maptest.RunKernel(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
 }

@@ -56,7 +56,7 @@ func must(tb testing.TB, err error) {
 }
 
 func TestFrameIsThePolicyTestFrameWithSYN(t *testing.T) {
-	// bpf.PolicyTestFrame(10.0.0.5, 10.1.2.3, TCP, 40000, 999), the frame
+	// policybpf.PolicyTestFrame(10.0.0.5, 10.1.2.3, TCP, 40000, 999), the frame
 	// of BenchmarkPolicyProgramPerPacket's decided packet: the same bytes
 	// but the TCP flags (byte 47), which neither program reads.
 	want, _ := hex.DecodeString("00000000000000000000000008004500002800000000400600000a0000050a0102039c4003e700000000000000005000000000000000")

@@ -114,7 +114,7 @@ func ClusterPolicyValue(rules []ClusterRule) ([]byte, error) {
 }
 
 // Frame is an Ethernet + IPv4 + TCP SYN frame from src to dst: the layout of
-// enimasq's bpf.PolicyTestFrame (zero MACs, TTL 64, no checksums, a 20-byte
+// enimasq's policybpf.PolicyTestFrame (zero MACs, TTL 64, no checksums, a 20-byte
 // TCP header), with the SYN flag set.
 func Frame(src, dst netip.Addr, srcPort, dstPort uint16) ([]byte, error) {
 	if !src.Is4() || !dst.Is4() {

@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/test/awspeer"
 )
@@ -97,19 +97,19 @@ var awsCluster = []awspeer.ClusterRule{
 // (compile/cluster.go): each segment of the port line with the Admin and
 // the Baseline winner, a Pass an outcome without action that names its
 // object, equal neighbours merged, segments nothing decides left out.
-func ourCluster() *bpf.PolicyValue {
-	obj := func(name string) uint32 { return bpf.ObjectID("ClusterPolicyEndpoint", name) }
+func ourCluster() *policybpf.PolicyValue {
+	obj := func(name string) uint32 { return policybpf.ObjectID("ClusterPolicyEndpoint", name) }
 	var (
-		adminDeny    = bpf.NewOutcome(bpf.ActionDeny, obj("admin-100"))
-		adminPass    = bpf.NewOutcome(bpf.ActionNone, obj("admin-200"))
-		adminAccept  = bpf.NewOutcome(bpf.ActionAccept, obj("admin-300"))
-		baseAccept   = bpf.NewOutcome(bpf.ActionAccept, obj("baseline-100"))
-		baseDeny     = bpf.NewOutcome(bpf.ActionDeny, obj("baseline-200"))
-		baseUDP      = bpf.NewOutcome(bpf.ActionAccept, obj("baseline-300"))
-		baseSCTP     = bpf.NewOutcome(bpf.ActionDeny, obj("baseline-400"))
-		tcp, udp, sc = bpf.ProtocolTCP << 16, bpf.ProtocolUDP << 16, bpf.ProtocolSCTP << 16
+		adminDeny    = policybpf.NewOutcome(policybpf.ActionDeny, obj("admin-100"))
+		adminPass    = policybpf.NewOutcome(policybpf.ActionNone, obj("admin-200"))
+		adminAccept  = policybpf.NewOutcome(policybpf.ActionAccept, obj("admin-300"))
+		baseAccept   = policybpf.NewOutcome(policybpf.ActionAccept, obj("baseline-100"))
+		baseDeny     = policybpf.NewOutcome(policybpf.ActionDeny, obj("baseline-200"))
+		baseUDP      = policybpf.NewOutcome(policybpf.ActionAccept, obj("baseline-300"))
+		baseSCTP     = policybpf.NewOutcome(policybpf.ActionDeny, obj("baseline-400"))
+		tcp, udp, sc = policybpf.ProtocolTCP << 16, policybpf.ProtocolUDP << 16, policybpf.ProtocolSCTP << 16
 	)
-	return &bpf.PolicyValue{Intervals: []bpf.Interval{
+	return &policybpf.PolicyValue{Intervals: []policybpf.Interval{
 		{Lo: tcp | 1, Hi: tcp | 21, Second: baseDeny},
 		{Lo: tcp | adminPort, Hi: tcp | adminPort, First: adminDeny, Second: baseDeny},
 		{Lo: tcp | 23, Hi: tcp | 999, Second: baseDeny},
@@ -193,33 +193,33 @@ func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 
 	// Ours.
 	for _, n := range []int{1, 24, 30, 1000} {
-		o := newOurs(b, ports(n), nil, bpf.PolicyModeStandard)
+		o := newOurs(b, ports(n), nil, policybpf.PolicyModeStandard)
 		denied := ourFrame(b, deniedPort(n))
-		o.check(b, denied, bpf.PolicyDenied, bpf.StepNamespace)
+		o.check(b, denied, policybpf.PolicyDenied, policybpf.StepNamespace)
 		add(fmt.Sprint("ours", n), func() (float64, error) { return timed(o.egress, denied, runs, tcActShot) })
 		if n == 1000 {
 			// A gap in the middle: the search walks 8 of the 16 chunks.
 			mid := ourFrame(b, entryPort(n/2)+1)
-			o.check(b, mid, bpf.PolicyDenied, bpf.StepNamespace)
+			o.check(b, mid, policybpf.PolicyDenied, policybpf.StepNamespace)
 			add("ours1000mid", func() (float64, error) { return timed(o.egress, mid, runs, tcActShot) })
 		}
 		if n == 24 {
 			o.checkCounted(b, denied)
 			tracked := ourFrame(b, lastPort(n))
-			o.check(b, tracked, bpf.PolicyAllowed, bpf.StepNamespace)
-			o.check(b, tracked, bpf.PolicyTracked, bpf.StepNone)
+			o.check(b, tracked, policybpf.PolicyAllowed, policybpf.StepNamespace)
+			o.check(b, tracked, policybpf.PolicyTracked, policybpf.StepNone)
 			add("ours24tracked", func() (float64, error) { return timed(o.egress, tracked, runs, tcActUnspec) })
 		}
 	}
-	cpe := newOurs(b, ports(24), ourCluster(), bpf.PolicyModeStandard)
+	cpe := newOurs(b, ports(24), ourCluster(), policybpf.PolicyModeStandard)
 	cpeDenied, adminDenied := ourFrame(b, deniedPort(24)), ourFrame(b, adminPort)
-	cpe.check(b, cpeDenied, bpf.PolicyDenied, bpf.StepNamespace)
-	cpe.check(b, adminDenied, bpf.PolicyAdminDeny, bpf.StepAdmin)
+	cpe.check(b, cpeDenied, policybpf.PolicyDenied, policybpf.StepNamespace)
+	cpe.check(b, adminDenied, policybpf.PolicyAdminDeny, policybpf.StepAdmin)
 	add("ourscpe", func() (float64, error) { return timed(cpe.egress, cpeDenied, runs, tcActShot) })
 	add("oursadmin", func() (float64, error) { return timed(cpe.egress, adminDenied, runs, tcActShot) })
-	ev := newOurs(b, ports(24), nil, bpf.PolicyModeStandard|bpf.PolicyModeEvents)
+	ev := newOurs(b, ports(24), nil, policybpf.PolicyModeStandard|policybpf.PolicyModeEvents)
 	evDenied := ourFrame(b, deniedPort(24))
-	ev.check(b, evDenied, bpf.PolicyDenied, bpf.StepNamespace)
+	ev.check(b, evDenied, policybpf.PolicyDenied, policybpf.StepNamespace)
 	add("ours24ev", func() (float64, error) {
 		return eventsRead(ev.egress, evDenied, tcActShot, ev.drain)
 	})

@@ -1,5 +1,5 @@
 // Package policybench holds BenchmarkPolicyPerPacketCompared: the kernel
-// time per packet of enimasq's policy program (bpf.LoadPolicyProgram),
+// time per packet of enimasq's policy program (policybpf.LoadPolicyProgram),
 // measured in one run against an empty tc program, against the policy
 // program as it was before tiers, intervals, chunks and counters (the
 // bpf/policy_bpfel.o of commit fb46384, read with git at bench time) and

@@ -11,11 +11,12 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 func ourFrame(tb testing.TB, port uint16) []byte {
 	tb.Helper()
-	f, err := bpf.PolicyTestFrame(pod, peer, uint8(bpf.ProtocolTCP), 40000, port)
+	f, err := policybpf.PolicyTestFrame(pod, peer, uint8(policybpf.ProtocolTCP), 40000, port)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -23,10 +24,10 @@ func ourFrame(tb testing.TB, port uint16) []byte {
 }
 
 // ports are n TCP port entries (entryPort).
-func ports(n int) []bpf.PortEntry {
-	out := make([]bpf.PortEntry, n)
+func ports(n int) []policybpf.PortEntry {
+	out := make([]policybpf.PortEntry, n)
 	for i := range out {
-		out[i] = bpf.PortEntry{Protocol: bpf.ProtocolTCP, StartPort: uint32(entryPort(i))}
+		out[i] = policybpf.PortEntry{Protocol: policybpf.ProtocolTCP, StartPort: uint32(entryPort(i))}
 	}
 	return out
 }
@@ -38,7 +39,7 @@ type ours struct {
 	egress   *ebpf.Program
 	events   *ebpf.Map
 	verdicts *ebpf.Map
-	prog     *bpf.PolicyProgram
+	prog     *policybpf.PolicyProgram
 	reader   *ringbuf.Reader
 }
 
@@ -56,11 +57,11 @@ func newMap(tb testing.TB, spec *ebpf.MapSpec) *ebpf.Map {
 
 func stateMap(tb testing.TB, name string) *ebpf.Map {
 	tb.Helper()
-	spec, err := bpf.PolicyStateSpec(name)
+	spec, err := policybpf.PolicyStateSpec(name)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if name == bpf.PolicyCTMapName {
+	if name == policybpf.PolicyCTMapName {
 		spec.MaxEntries = mapEntries
 	}
 	return newMap(tb, spec)
@@ -69,18 +70,18 @@ func stateMap(tb testing.TB, name string) *ebpf.Map {
 // newOurs loads the program with the NetworkPolicy entries on each of the
 // pod's peer prefixes and, if cp is not nil, cp on its cluster key
 // (clusterPeer).
-func newOurs(tb testing.TB, entries []bpf.PortEntry, cp *bpf.PolicyValue, mode bpf.PolicyMode) *ours {
+func newOurs(tb testing.TB, entries []policybpf.PortEntry, cp *policybpf.PolicyValue, mode policybpf.PolicyMode) *ours {
 	tb.Helper()
 	maps := map[string]*ebpf.Map{
-		bpf.PolicyEgressV4MapName:  newMap(tb, bpf.PolicyMapSpec(bpf.Egress, bpf.IPv4, mapEntries)),
-		bpf.ClusterEgressV4MapName: newMap(tb, bpf.ClusterMapSpec(bpf.Egress, bpf.IPv4, mapEntries)),
-		bpf.PolicyChunksMapName:    newMap(tb, bpf.ChunkMapSpec(bpf.PolicyChunksMapName, bpf.PolicyChunksDefaultMaxEntries)),
-		bpf.ClusterChunksMapName:   newMap(tb, bpf.ChunkMapSpec(bpf.ClusterChunksMapName, bpf.PolicyChunksDefaultMaxEntries)),
+		policybpf.PolicyEgressV4MapName:  newMap(tb, policybpf.PolicyMapSpec(policybpf.Egress, bpf.IPv4, mapEntries)),
+		policybpf.ClusterEgressV4MapName: newMap(tb, policybpf.ClusterMapSpec(policybpf.Egress, bpf.IPv4, mapEntries)),
+		policybpf.PolicyChunksMapName:    newMap(tb, policybpf.ChunkMapSpec(policybpf.PolicyChunksMapName, policybpf.PolicyChunksDefaultMaxEntries)),
+		policybpf.ClusterChunksMapName:   newMap(tb, policybpf.ChunkMapSpec(policybpf.ClusterChunksMapName, policybpf.PolicyChunksDefaultMaxEntries)),
 	}
-	for _, name := range []string{bpf.PolicyCTMapName, bpf.PolicyModeMapName, bpf.PolicyVerdictsMapName, bpf.PolicyEventsMapName} {
+	for _, name := range []string{policybpf.PolicyCTMapName, policybpf.PolicyModeMapName, policybpf.PolicyVerdictsMapName, policybpf.PolicyEventsMapName} {
 		maps[name] = stateMap(tb, name)
 	}
-	put := func(m, chunks *ebpf.Map, peer netip.Prefix, v *bpf.PolicyValue) {
+	put := func(m, chunks *ebpf.Map, peer netip.Prefix, v *policybpf.PolicyValue) {
 		tb.Helper()
 		val, spill, err := v.Encode()
 		if err != nil {
@@ -99,24 +100,24 @@ func newOurs(tb testing.TB, entries []bpf.PortEntry, cp *bpf.PolicyValue, mode b
 			tb.Fatal(err)
 		}
 	}
-	np := bpf.AllowValue(entries...)
+	np := policybpf.AllowValue(entries...)
 	if len(np.Intervals) != len(entries) {
 		tb.Fatalf("%d entries made %d intervals", len(entries), len(np.Intervals))
 	}
 	for _, p := range peerPrefixes() {
-		put(maps[bpf.PolicyEgressV4MapName], maps[bpf.PolicyChunksMapName], p, np)
+		put(maps[policybpf.PolicyEgressV4MapName], maps[policybpf.PolicyChunksMapName], p, np)
 	}
 	if cp != nil {
-		put(maps[bpf.ClusterEgressV4MapName], maps[bpf.ClusterChunksMapName], clusterPeer, cp)
+		put(maps[policybpf.ClusterEgressV4MapName], maps[policybpf.ClusterChunksMapName], clusterPeer, cp)
 	}
-	if err := bpf.SetPolicyMode(maps[bpf.PolicyModeMapName], mode); err != nil {
+	if err := policybpf.SetPolicyMode(maps[policybpf.PolicyModeMapName], mode); err != nil {
 		tb.Fatal(err)
 	}
-	prog, err := bpf.LoadPolicyProgram(maps)
+	prog, err := policybpf.LoadPolicyProgram(maps)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	o := &ours{prog: prog, events: maps[bpf.PolicyEventsMapName], verdicts: maps[bpf.PolicyVerdictsMapName]}
+	o := &ours{prog: prog, events: maps[policybpf.PolicyEventsMapName], verdicts: maps[policybpf.PolicyVerdictsMapName]}
 	o.egress, _ = prog.Programs()
 	tb.Cleanup(func() {
 		if o.reader != nil {
@@ -128,9 +129,9 @@ func newOurs(tb testing.TB, entries []bpf.PortEntry, cp *bpf.PolicyValue, mode b
 }
 
 // check runs frame once and checks the reason and step of the verdict.
-func (o *ours) check(tb testing.TB, frame []byte, reason bpf.PolicyReason, step bpf.PolicyStep) {
+func (o *ours) check(tb testing.TB, frame []byte, reason policybpf.PolicyReason, step policybpf.PolicyStep) {
 	tb.Helper()
-	res, err := o.prog.Run(bpf.Egress, frame)
+	res, err := o.prog.Run(policybpf.Egress, frame)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -146,15 +147,15 @@ func (o *ours) check(tb testing.TB, frame []byte, reason bpf.PolicyReason, step 
 // counter update a decision).
 func (o *ours) checkCounted(tb testing.TB, denied []byte) {
 	tb.Helper()
-	i := bpf.VerdictCounterIndex(true, true, bpf.StepNamespace)
-	before, err := bpf.ReadPolicyVerdicts(o.verdicts)
+	i := policybpf.VerdictCounterIndex(true, true, policybpf.StepNamespace)
+	before, err := policybpf.ReadPolicyVerdicts(o.verdicts)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	if _, err := timed(o.egress, denied, 1000, tcActShot); err != nil {
 		tb.Fatal(err)
 	}
-	after, err := bpf.ReadPolicyVerdicts(o.verdicts)
+	after, err := policybpf.ReadPolicyVerdicts(o.verdicts)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // previousSpec is the collection of the previous program (prevCommit's
@@ -36,7 +36,7 @@ func previousSpec(tb testing.TB) (*ebpf.CollectionSpec, string) {
 	if err != nil {
 		return nil, fmt.Sprintf("%s of %s: %v", prevObject, prevCommit, err)
 	}
-	m := spec.Maps[bpf.PolicyEgressV4MapName]
+	m := spec.Maps[policybpf.PolicyEgressV4MapName]
 	if spec.Programs["policy_egress"] == nil || m == nil || m.ValueSize != prevEntries*12 {
 		return nil, fmt.Sprintf("%s of %s is not the program of %d-entry values", prevObject, prevCommit, prevEntries)
 	}
@@ -66,10 +66,10 @@ func newPrevious(tb testing.TB, spec *ebpf.CollectionSpec, n int) *ebpf.Program 
 	tb.Cleanup(coll.Close)
 	val := make([]byte, prevEntries*12)
 	for i := range n {
-		binary.NativeEndian.PutUint32(val[12*i:], bpf.ProtocolTCP)
+		binary.NativeEndian.PutUint32(val[12*i:], policybpf.ProtocolTCP)
 		binary.NativeEndian.PutUint32(val[12*i+4:], uint32(entryPort(i)))
 	}
-	m := coll.Maps[bpf.PolicyEgressV4MapName]
+	m := coll.Maps[policybpf.PolicyEgressV4MapName]
 	for _, p := range peerPrefixes() {
 		if err := m.Put(prevKey(pod, p), val); err != nil {
 			tb.Fatal(err)

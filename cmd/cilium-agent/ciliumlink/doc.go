@@ -25,4 +25,27 @@
 //     podset.Writer). Routes and ingress rules stay Cilium's
 //     alone; nothing of enimasq writes the CiliumNode.
 //   - PolicyEndpoint maps: enimasq's own maps, sources on Cilium's clientset.
+//
+// The kernel's state: enimasq's kernel cell (cells/kernel: kernel-links,
+// kernel-addrs, kernel-routes, kernel-rules) runs in this build too, with
+// its one netlink subscription beside those of Cilium's devices controller
+// (pkg/datapath/linux/devices_controller.go: addresses, routes, links and
+// neighbours, a socket each). Cilium v1.20.2's tables (pkg/datapath/tables)
+// cannot stand in for it:
+//
+//   - rules: Cilium keeps no table of ip rules, and the repair of the pods'
+//     egress rules, on in this build, follows kernel-rules: a subscription
+//     to the rule groups is needed whatever else is taken from Cilium;
+//   - routes: Cilium's tables.Route has no protocol and no TOS (keyed by
+//     table, link and destination); the repair of ENI routes needs the
+//     protocol (and is off in this build: the routes are Cilium's);
+//   - addresses: Cilium's devices table leaves out tentative and DAD-failed
+//     addresses, which node-ips holds: its rows would change;
+//   - links: enforcement, their reader, is off in this build (Cilium's own
+//     policy owns the pods' devices).
+//
+// Since the rule groups need a socket anyway, and one socket takes every
+// group at the same cost, taking links, addresses or routes from Cilium would
+// save listings, not a subscription. Before the kernel cell, enimasq held
+// two subscriptions in this build (node-ips, the rule repair); now one.
 package ciliumlink

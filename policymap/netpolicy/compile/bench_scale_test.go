@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -33,25 +33,25 @@ func bigObject(name string, rules, pods int) *endpoints.PolicyEndpoint {
 	}
 	pe.Egress = append(pe.Egress,
 		endpoints.Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-			Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: 443}}},
-		endpoints.Rule{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []endpoints.Port{{Protocol: bpf.ProtocolUDP, Port: 53}}})
+			Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: 443}}},
+		endpoints.Rule{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []endpoints.Port{{Protocol: policybpf.ProtocolUDP, Port: 53}}})
 	for i := range rules - 2 {
 		base := [4]byte{10 + byte(i>>16), byte(i >> 8), byte(i), 0} // 10.x.y.0/24, then 11.x.y.0/24
 		r := endpoints.Rule{CIDR: netip.PrefixFrom(netip.AddrFrom4(base), 24),
-			Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: uint16(1000 + i%50)}}}
+			Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: uint16(1000 + i%50)}}}
 		if i%4 == 0 {
 			ex := base
 			ex[3] = 128
 			r.Except = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4(ex), 25)}
 		}
 		if i%10 == 0 {
-			r.Ports = append(r.Ports, endpoints.Port{Protocol: bpf.ProtocolTCP, Port: 8000, EndPort: 8100})
+			r.Ports = append(r.Ports, endpoints.Port{Protocol: policybpf.ProtocolTCP, Port: 8000, EndPort: 8100})
 		}
 		pe.Egress = append(pe.Egress, r)
 	}
 	pe.Ingress = []endpoints.Rule{
 		{CIDR: netip.MustParsePrefix("172.16.0.0/12"), Except: []netip.Prefix{netip.MustParsePrefix("172.16.1.0/24")},
-			Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: 8080}}},
+			Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: 8080}}},
 		{CIDR: netip.MustParsePrefix("100.64.0.0/10")},
 	}
 	return pe

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -46,9 +47,9 @@ func benchObject(i, variant int) *endpoints.PolicyEndpoint {
 			cidr = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, 0, 0}), 16)
 			except = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(i % 250), 0}), 24)
 		}
-		r := endpoints.Rule{CIDR: cidr, Except: []netip.Prefix{except}, Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: uint16(1000 + j)}}}
+		r := endpoints.Rule{CIDR: cidr, Except: []netip.Prefix{except}, Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: uint16(1000 + j)}}}
 		if j%5 == 0 {
-			r.Ports = append(r.Ports, endpoints.Port{Protocol: bpf.ProtocolUDP, Port: 53}, endpoints.Port{Protocol: bpf.ProtocolTCP, Port: 2000, EndPort: 2100})
+			r.Ports = append(r.Ports, endpoints.Port{Protocol: policybpf.ProtocolUDP, Port: 53}, endpoints.Port{Protocol: policybpf.ProtocolTCP, Port: 2000, EndPort: 2100})
 		}
 		pe.Egress = append(pe.Egress, r)
 	}
@@ -56,7 +57,7 @@ func benchObject(i, variant int) *endpoints.PolicyEndpoint {
 		pe.Ingress = append(pe.Ingress, endpoints.Rule{
 			CIDR:   netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(j), 0, 0}), 16),
 			Except: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(j), 1, 0}), 24)},
-			Ports:  []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: 8080}},
+			Ports:  []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: 8080}},
 		})
 	}
 	return pe
@@ -80,22 +81,22 @@ func rawBatchUpdate(b *testing.B, entries []*PolicyMapEntry) time.Duration {
 	}
 	var total time.Duration
 	for name, es := range byMap {
-		d, f, err := bpf.ParsePolicyMapName(name)
+		d, f, err := policybpf.ParsePolicyMapName(name)
 		if err != nil {
 			b.Fatal(err)
 		}
-		spec := bpf.PolicyMapSpec(d, f, bpf.PolicyDefaultMaxEntries)
+		spec := policybpf.PolicyMapSpec(d, f, policybpf.PolicyDefaultMaxEntries)
 		m, err := ebpf.NewMap(spec)
 		if err != nil {
 			b.Fatal(err)
 		}
 		keys := make([]byte, 0, len(es)*int(spec.KeySize))
-		values := make([]byte, 0, len(es)*bpf.PolicyValueSize)
+		values := make([]byte, 0, len(es)*policybpf.PolicyValueSize)
 		for _, e := range es {
 			keys = append(keys, e.MapKey()...)
 			values = append(values, e.MapValue()...)
 		}
-		ks, vs := asArrays(keys, int(spec.KeySize)), asArrays(values, bpf.PolicyValueSize)
+		ks, vs := asArrays(keys, int(spec.KeySize)), asArrays(values, policybpf.PolicyValueSize)
 		runtime.GC()
 		start := time.Now()
 		n, err := m.BatchUpdate(ks, vs, nil)
@@ -323,7 +324,7 @@ func rawChange(b *testing.B, m *ebpf.Map, before, after []*PolicyMapEntry) time.
 		}
 	}
 	if len(newKeys) > 0 {
-		if _, err := m.BatchUpdate(asArrays(newKeys, ks), asArrays(newValues, bpf.PolicyValueSize), nil); err != nil {
+		if _, err := m.BatchUpdate(asArrays(newKeys, ks), asArrays(newValues, policybpf.PolicyValueSize), nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -366,12 +367,12 @@ func BenchmarkPolicyOnePodChange(b *testing.B) {
 	}
 	changed := changedEntries(compiled[0], compiled[1])
 	for _, e := range append(append([]*PolicyMapEntry(nil), compiled[0]...), compiled[1]...) {
-		if e.Map() != bpf.PolicyEgressV4MapName && e.Peer().Bits() > 0 && !e.Peer().Contains(netip.MustParseAddr("100.127.0.1")) &&
+		if e.Map() != policybpf.PolicyEgressV4MapName && e.Peer().Bits() > 0 && !e.Peer().Contains(netip.MustParseAddr("100.127.0.1")) &&
 			!e.Peer().Overlaps(netip.MustParsePrefix("172.16.0.0/15")) {
 			b.Fatalf("unexpected entry %v", e.TableRow())
 		}
 	}
-	floorMap, err := ebpf.NewMap(bpf.PolicyMapSpec(bpf.Egress, bpf.IPv4, bpf.PolicyDefaultMaxEntries))
+	floorMap, err := ebpf.NewMap(policybpf.PolicyMapSpec(policybpf.Egress, bpf.IPv4, policybpf.PolicyDefaultMaxEntries))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -379,7 +380,7 @@ func BenchmarkPolicyOnePodChange(b *testing.B) {
 	egress := func(es []*PolicyMapEntry) []*PolicyMapEntry {
 		var out []*PolicyMapEntry
 		for _, e := range es {
-			if e.Map() == bpf.PolicyEgressV4MapName {
+			if e.Map() == policybpf.PolicyEgressV4MapName {
 				out = append(out, e)
 			}
 		}

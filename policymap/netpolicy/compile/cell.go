@@ -7,38 +7,39 @@ import (
 	"runtime"
 	"runtime/debug"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
-// Cell derives policy-map-entries from policy-endpoints and reconciles it
-// into the network-policy maps enimasq_egress_v4/_v6 and
-// enimasq_ingress_v4/_v6. It takes Settings and the policy-endpoints table
-// (package endpoints), and provides policy-map-entries and the maps
-// (*policymap.Maps[*PolicyMapEntry]).
-//
-// It derives cluster-policy-map-entries from cluster-policy-endpoints the
-// same way, into the cluster maps enimasq_cluster_egress_v4/_v6 and
-// enimasq_cluster_ingress_v4/_v6 (cluster.go), and provides both sets of
-// maps as KernelMaps.
+// Cell derives, for each kind of policy object (kinds.go), its map-entries
+// table from its objects' table and reconciles it into the kind's maps:
+// policy-map-entries from policy-endpoints (package endpoints) into the
+// network-policy maps enimasq_egress_v4/_v6 and enimasq_ingress_v4/_v6,
+// cluster-policy-map-entries from cluster-policy-endpoints into the
+// cluster maps enimasq_cluster_egress_v4/_v6 and
+// enimasq_cluster_ingress_v4/_v6 (cluster.go). It takes Settings and the
+// objects' tables, and provides the entries tables, the maps
+// (*policymap.Maps[*PolicyMapEntry], ...) and both sets of maps as
+// KernelMaps.
 var Cell = cell.Group(
 	cell.ProvidePrivate(
-		NewPolicyMapEntriesTable,
-		NewClusterMapEntriesTable,
+		newEntriesTable[policyKind],
+		newEntriesTable[clusterKind],
 		NewPolicyVersionsTable,
 		newPolicyVersions,
 		(*policyVersions).kernelMaps,
-		newMaps,
-		newClusterMaps,
-		newPolicyState,
+		newMaps[policyKind],
+		newMaps[clusterKind],
+		newReconcilerState[policyKind],
+		newReconcilerState[clusterKind],
 		newPolicyMetrics,
 	),
 	cell.Provide(
@@ -51,15 +52,17 @@ var Cell = cell.Group(
 		(*policyMetrics).collectors,
 		newKernelMaps,
 	),
-	cell.Invoke(registerPolicyMaps, registerClusterMaps, registerVersions),
+	cell.Invoke(
+		registerMaps[*endpoints.PolicyEndpoint, policyKind],
+		registerMaps[*endpoints.ClusterPolicyEndpoint, clusterKind],
+		registerVersions,
+	),
 )
 
-func newMaps(p policymap.MapsParams) *policymap.Maps[*PolicyMapEntry] {
-	return policymap.NewMaps[*PolicyMapEntry](p, PolicyMapEntriesTableName)
-}
-
-func newClusterMaps(p policymap.MapsParams) *policymap.Maps[*ClusterMapEntry] {
-	return policymap.NewMaps[*ClusterMapEntry](p, ClusterMapEntriesTableName)
+// newMaps are a kind's maps, reconciled from its table.
+func newMaps[K entryKind](p policymap.MapsParams) *policymap.Maps[*MapEntry[K]] {
+	var k K
+	return policymap.NewMaps[*MapEntry[K]](p, k.tableName())
 }
 
 // KernelMaps are the NetworkPolicy and the cluster maps with their chunk
@@ -85,7 +88,8 @@ func (k KernelMaps) Opened() map[string]bpf.PinnedMap {
 	return out
 }
 
-type clusterMapParams struct {
+// registration is what every registration of the cell takes.
+type registration struct {
 	cell.In
 
 	Log       *slog.Logger
@@ -95,63 +99,34 @@ type clusterMapParams struct {
 	Settings  Settings
 	DB        *statedb.DB
 	Jobs      job.Group
-	CPEs      statedb.Table[*endpoints.ClusterPolicyEndpoint]
-	Entries   statedb.RWTable[*ClusterMapEntry]
-	Versions  statedb.RWTable[*PodVersions]
-	State     *policyVersions
 	Reconcile reconciler.Params
-	Ops       *policymap.Maps[*ClusterMapEntry]
 }
 
-// registerClusterMaps derives cluster-policy-map-entries from
-// cluster-policy-endpoints and reconciles it into the cluster maps of the
-// node's families, as registerPolicyMaps does for PolicyEndpoints.
-func registerClusterMaps(p clusterMapParams) error {
-	if p.Settings.Off != "" {
-		return nil
-	}
-	openMaps(p.Lifecycle, p.Log, p.Node, p.Ops, bpf.ClusterMapSpec, bpf.ClusterChunksMapName, p.Settings.MaxEntries)
-	wtxn := p.DB.WriteTxn(p.Entries)
-	initDone := p.Entries.RegisterInitializer(wtxn, "derive-cluster-policy-map-entries")
-	wtxn.Commit()
-	d := &clusterDeriver{log: p.Log, db: p.DB, cpes: p.CPEs, entries: p.Entries, versions: p.Versions, state: p.State,
-		node: p.Node, initDone: initDone}
-	p.Jobs.Add(job.OneShot("derive-cluster-policy-map-entries", d.run))
-	p.Jobs.Add(job.Timer("check-cluster-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
-		p.Config.BPFMapRefreshInterval))
-	_, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "cluster-policy-map", p.Entries,
-		(*ClusterMapEntry).Clone, (*ClusterMapEntry).SetStatus, (*ClusterMapEntry).GetStatus, p.Ops.Ops(), p.Ops.Ops())
-	return err
-}
-
-type policyMapParams struct {
+// mapsParams are what a kind's deriver and reconciler take.
+type mapsParams[T policyRow[T], K kind[T]] struct {
 	cell.In
+	Common registration
 
-	Log       *slog.Logger
-	Lifecycle cell.Lifecycle
-	Node      nodeconfig.Config
-	Config    policymap.Config
-	Settings  Settings
-	DB        *statedb.DB
-	Jobs      job.Group
-	Endpoints statedb.Table[*endpoints.PolicyEndpoint]
-	Entries   statedb.RWTable[*PolicyMapEntry]
+	Objects   statedb.Table[T]
+	Entries   statedb.RWTable[*MapEntry[K]]
 	Versions  statedb.RWTable[*PodVersions]
-	Reconcile reconciler.Params
-	Ops       *policymap.Maps[*PolicyMapEntry]
-	State     *policyState
+	Ops       *policymap.Maps[*MapEntry[K]]
+	State     *reconcilerState[K]
 	Versioned *policyVersions
 	Metrics   *policyMetrics
 }
 
-// policyState holds what the policy-map reconciler registration made, for
+// reconcilerState holds what a kind's reconciler registration made, for
 // the script commands and tests.
-type policyState struct {
+type reconcilerState[K entryKind] struct {
 	// reconciler is nil while network policy is disabled.
-	reconciler reconciler.Reconciler[*PolicyMapEntry]
+	reconciler reconciler.Reconciler[*MapEntry[K]]
 }
 
-func newPolicyState() *policyState { return &policyState{} }
+// policyState is the NetworkPolicy maps' reconciler.
+type policyState = reconcilerState[policyKind]
+
+func newReconcilerState[K entryKind]() *reconcilerState[K] { return &reconcilerState[K]{} }
 
 // policyMapFamilies are the families whose policy maps the node gets.
 func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
@@ -165,21 +140,22 @@ func policyMapFamilies(node nodeconfig.Config) []bpf.Family {
 	return out
 }
 
-// openMaps opens, at start, the maps of spec for every direction and family
-// of the node, and their chunk map, and closes them at stop (their pins
-// stay): the NetworkPolicy and the cluster maps alike.
-func openMaps[E bpf.Entry](lc cell.Lifecycle, log *slog.Logger, node nodeconfig.Config, ops *policymap.Maps[E],
-	spec func(bpf.Direction, bpf.Family, uint32) *ebpf.MapSpec, chunks string, maxEntries uint32) {
-	lc.Append(cell.Hook{
+// openMaps opens, at start, a kind's maps for every direction and family
+// of the node, and its chunk map, and closes them at stop (their pins
+// stay).
+func openMaps[K entryKind](p registration, ops *policymap.Maps[*MapEntry[K]]) {
+	var k K
+	maxEntries := p.Settings.MaxEntries
+	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			for _, f := range policyMapFamilies(node) {
-				for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-					if err := ops.Open(log, spec(d, f, maxEntries), node.GlobalsDir()); err != nil {
+			for _, f := range policyMapFamilies(p.Node) {
+				for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
+					if err := ops.Open(p.Log, k.mapSpec(d, f, maxEntries), p.Node.GlobalsDir()); err != nil {
 						return err
 					}
 				}
 			}
-			return ops.OpenSpill(log, bpf.ChunkMapSpec(chunks, maxEntries), node.GlobalsDir())
+			return ops.OpenSpill(p.Log, policybpf.ChunkMapSpec(k.chunksMap(), maxEntries), p.Node.GlobalsDir())
 		},
 		OnStop: func(cell.HookContext) error {
 			ops.Close()
@@ -188,42 +164,47 @@ func openMaps[E bpf.Entry](lc cell.Lifecycle, log *slog.Logger, node nodeconfig.
 	})
 }
 
-// registerPolicyMaps derives policy-map-entries from policy-endpoints and
-// reconciles it into the policy maps of the node's families. Nothing is
+// registerMaps derives a kind's map-entries table from its objects and
+// reconciles it into the kind's maps of the node's families: the jobs
+// derive-<table>, check-<reconciler>-pins and the reconciler. Nothing is
 // registered (no maps are made) while network policy is disabled.
-func registerPolicyMaps(p policyMapParams) error {
-	if p.Settings.Off != "" {
+func registerMaps[T policyRow[T], K kind[T]](p mapsParams[T, K]) error {
+	c := p.Common
+	if c.Settings.Off != "" {
 		return nil
 	}
+	var k K
+	openMaps(c, p.Ops)
 
-	openMaps(p.Lifecycle, p.Log, p.Node, p.Ops, bpf.PolicyMapSpec, bpf.PolicyChunksMapName, p.Settings.MaxEntries)
-
-	// The entries are initialized by the deriver once policy-endpoints is
-	// and its objects are compiled: pruning waits for both.
-	wtxn := p.DB.WriteTxn(p.Entries)
-	initDone := p.Entries.RegisterInitializer(wtxn, "derive-policy-map-entries")
+	// The entries are initialized by the deriver once the objects' table
+	// is and its objects are compiled: pruning waits for both.
+	derive := "derive-" + k.tableName()
+	wtxn := c.DB.WriteTxn(p.Entries)
+	initDone := p.Entries.RegisterInitializer(wtxn, derive)
 	wtxn.Commit()
-	d := &policyDeriver{
-		metrics:   p.Metrics,
-		log:       p.Log,
-		db:        p.DB,
-		endpoints: p.Endpoints,
+	d := &deriver[T, K]{
+		log:       c.Log,
+		db:        c.DB,
+		endpoints: p.Objects,
 		entries:   p.Entries,
 		versions:  p.Versions,
 		state:     p.Versioned,
-		node:      p.Node,
+		node:      c.Node,
 		initDone:  initDone,
 
-		returnMemory:      func() { returnMemory(p.Log) },
+		returnMemory:      func() { returnMemory(c.Log) },
 		returnMemoryAfter: defaultReturnMemoryAfter,
 	}
-	p.Jobs.Add(job.OneShot("derive-policy-map-entries", d.run))
+	if k.timed() {
+		d.metrics = p.Metrics
+	}
+	c.Jobs.Add(job.OneShot(derive, d.run))
 	// The pins are the maps the reconciler writes (policymap.Maps.CheckPins).
-	p.Jobs.Add(job.Timer("check-policy-map-pins", func(context.Context) error { return p.Ops.CheckPins(p.Log) },
-		p.Config.BPFMapRefreshInterval))
+	c.Jobs.Add(job.Timer("check-"+k.reconcilerName()+"-pins", func(context.Context) error { return p.Ops.CheckPins(c.Log) },
+		c.Config.BPFMapRefreshInterval))
 
-	rec, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "policy-map", p.Entries,
-		(*PolicyMapEntry).Clone, (*PolicyMapEntry).SetStatus, (*PolicyMapEntry).GetStatus, p.Ops.Ops(), p.Ops.Ops())
+	rec, err := policymap.RegisterReconciler(c.Reconcile, c.Jobs, c.Config, k.reconcilerName(), p.Entries,
+		(*MapEntry[K]).Clone, (*MapEntry[K]).SetStatus, (*MapEntry[K]).GetStatus, p.Ops.Ops(), p.Ops.Ops())
 	p.State.reconciler = rec
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/prefixorder"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -40,38 +41,38 @@ const (
 type clusterRule struct {
 	tier     endpoints.Tier
 	priority int
-	action   bpf.Action // ActionNone for Pass
-	rank     int        // Deny 0, Accept 1, Pass 2
+	action   policybpf.Action // ActionNone for Pass
+	rank     int              // Deny 0, Accept 1, Pass 2
 	cidr     netip.Prefix
-	ports    []bpf.Interval // Lo, Hi only
+	ports    []policybpf.Interval // Lo, Hi only
 	object   uint32
 	name     string
 	order    int // position, for a deterministic order
 }
 
 // everyPort is the whole port space.
-var everyPort = []bpf.Interval{{Lo: 0, Hi: bpf.PortSpaceEnd}}
+var everyPort = []policybpf.Interval{{Lo: 0, Hi: policybpf.PortSpaceEnd}}
 
 // portIntervals are the intervals of a rule's ports (none: every port).
-func portIntervals(ports []endpoints.Port) []bpf.Interval {
+func portIntervals(ports []endpoints.Port) []policybpf.Interval {
 	if len(ports) == 0 {
 		return everyPort
 	}
-	entries := make([]bpf.PortEntry, len(ports))
+	entries := make([]policybpf.PortEntry, len(ports))
 	for i, p := range ports {
-		entries[i] = bpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
+		entries[i] = policybpf.PortEntry{Protocol: p.Protocol, StartPort: uint32(p.Port), EndPort: uint32(p.EndPort)}
 	}
-	return bpf.AllowIntervals(entries, 0)
+	return policybpf.AllowIntervals(entries, 0)
 }
 
-func actionOf(a endpoints.Action) (bpf.Action, int) {
+func actionOf(a endpoints.Action) (policybpf.Action, int) {
 	switch a {
 	case endpoints.ActionDeny:
-		return bpf.ActionDeny, 0
+		return policybpf.ActionDeny, 0
 	case endpoints.ActionAccept:
-		return bpf.ActionAccept, 1
+		return policybpf.ActionAccept, 1
 	}
-	return bpf.ActionNone, 2 // Pass
+	return policybpf.ActionNone, 2 // Pass
 }
 
 // clusterObjectKind names ClusterPolicyEndpoints in object ids.
@@ -79,65 +80,21 @@ const clusterObjectKind = "ClusterPolicyEndpoint"
 
 // ClusterObjectID is the id of a ClusterPolicyEndpoint in the cluster maps'
 // outcomes, the program's verdicts and its events.
-func ClusterObjectID(name string) uint32 { return bpf.ObjectID(clusterObjectKind, name) }
-
-// clusterSelection is what decides a pod IP's cluster entries: its family,
-// the objects that select it (sorted by name) and the node IPs they give.
-type clusterSelection struct {
-	family bpf.Family
-	cpes   []*endpoints.ClusterPolicyEndpoint
-	// cpesKey identifies cpes (objectSet).
-	cpesKey string
-	hosts   []netip.Addr
-}
-
-func (s clusterSelection) key() string {
-	var b strings.Builder
-	b.WriteByte(byte(s.family))
-	b.WriteString(s.cpesKey)
-	for _, h := range s.hosts {
-		b.WriteByte('/')
-		b.Write(h.AsSlice())
-	}
-	return b.String()
-}
-
-// clusterSelectionOf returns the selection of a pod IP: set is the
-// objects that decide for it (endpoints.Union), listing those of them
-// that list it; false if none does.
-func clusterSelectionOf(pod netip.Addr, set objectSet[*endpoints.ClusterPolicyEndpoint], listing []*endpoints.ClusterPolicyEndpoint) (clusterSelection, bool) {
-	sel := clusterSelection{family: bpf.FamilyOf(pod), cpes: set.objs, cpesKey: set.key}
-	listed := false
-	for _, c := range listing {
-		e, ok := c.PodEntry(pod)
-		if !ok {
-			continue
-		}
-		listed = true
-		// The node IP is the objects' hostIP, as for PolicyEndpoints: from
-		// the API server only pods whose hostIP is one of this node's
-		// addresses are taken (the source's node rule), stand-ins' too.
-		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
-			sel.hosts = append(sel.hosts, h)
-		}
-	}
-	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, listed
-}
+func ClusterObjectID(name string) uint32 { return policybpf.ObjectID(clusterObjectKind, name) }
 
 // rulesOf returns the rules of the selection in a direction, of its
 // family, with the node IPs and stand-ins first.
-func (s clusterSelection) rulesOf(d bpf.Direction) []clusterRule {
+func rulesOf(s selection[*endpoints.ClusterPolicyEndpoint], d policybpf.Direction) []clusterRule {
 	root := netip.PrefixFrom(rootAddr(s.family), 0)
 	var rules []clusterRule
 	for _, h := range s.hosts {
-		rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: nodePriority, action: bpf.ActionAccept, rank: 1,
+		rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: nodePriority, action: policybpf.ActionAccept, rank: 1,
 			cidr: netip.PrefixFrom(h, h.BitLen()), ports: everyPort, name: "node IP " + h.String()})
 	}
-	for _, c := range s.cpes {
+	for _, c := range s.objs {
 		id := ClusterObjectID(c.Name)
 		if c.StandIn {
-			rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: standInPriority, action: bpf.ActionDeny,
+			rules = append(rules, clusterRule{tier: endpoints.TierAdmin, priority: standInPriority, action: policybpf.ActionDeny,
 				cidr: root, ports: everyPort, object: id, name: c.Name})
 			continue
 		}
@@ -168,17 +125,17 @@ func rootAddr(f bpf.Family) netip.Addr {
 
 // compileClusterSelection returns the templates of a selection's cluster
 // entries, egress first.
-func compileClusterSelection(sel clusterSelection) []*policyTemplate {
+func compileClusterSelection(sel selection[*endpoints.ClusterPolicyEndpoint]) []*policyTemplate {
 	out := make([]*policyTemplate, 0, 2)
-	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+	for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 		out = append(out, compileClusterDirection(sel, d))
 	}
 	return out
 }
 
-func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTemplate {
-	t := &policyTemplate{mapName: bpf.ClusterMapName(d, sel.family)}
-	rules := sel.rulesOf(d)
+func compileClusterDirection(sel selection[*endpoints.ClusterPolicyEndpoint], d policybpf.Direction) *policyTemplate {
+	t := &policyTemplate{mapName: policybpf.ClusterMapName(d, sel.family)}
+	rules := rulesOf(sel, d)
 	root := netip.PrefixFrom(rootAddr(sel.family), 0)
 	bounds := []netip.Prefix{root}
 	for _, r := range rules {
@@ -217,7 +174,7 @@ func compileClusterDirection(sel clusterSelection, d bpf.Direction) *policyTempl
 
 // paintTiers computes, for every interval of the port space, each tier's
 // winner among rules (sorted: the first that holds a point wins it).
-func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
+func paintTiers(rules []*clusterRule) *policybpf.PolicyValue {
 	var coords []uint32
 	for _, r := range rules {
 		for _, iv := range r.ports {
@@ -227,11 +184,11 @@ func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
 	slices.Sort(coords)
 	coords = slices.Compact(coords)
 	if len(coords) < 2 {
-		return &bpf.PolicyValue{}
+		return &policybpf.PolicyValue{}
 	}
 	n := len(coords) - 1 // segment i: coords[i] .. coords[i+1]-1
-	first := make([]bpf.Outcome, n)
-	second := make([]bpf.Outcome, n)
+	first := make([]policybpf.Outcome, n)
+	second := make([]policybpf.Outcome, n)
 	for _, tier := range []endpoints.Tier{endpoints.TierAdmin, endpoints.TierBaseline} {
 		out := first
 		if tier == endpoints.TierBaseline {
@@ -254,7 +211,7 @@ func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
 			if r.tier != tier {
 				continue
 			}
-			o := bpf.NewOutcome(r.action, r.object)
+			o := policybpf.NewOutcome(r.action, r.object)
 			for _, iv := range r.ports {
 				i, _ := slices.BinarySearch(coords, iv.Lo)
 				for i = find(i); i < n && coords[i] <= iv.Hi; i = find(i) {
@@ -264,9 +221,9 @@ func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
 			}
 		}
 	}
-	v := &bpf.PolicyValue{}
+	v := &policybpf.PolicyValue{}
 	for i := range n {
-		if first[i].Action() == bpf.ActionNone && second[i].Action() == bpf.ActionNone {
+		if first[i].Action() == policybpf.ActionNone && second[i].Action() == policybpf.ActionNone {
 			continue // nothing decides here (no rule, or a Pass)
 		}
 		lo, hi := coords[i], coords[i+1]-1
@@ -277,7 +234,7 @@ func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
 				continue
 			}
 		}
-		v.Intervals = append(v.Intervals, bpf.Interval{Lo: lo, Hi: hi, First: first[i], Second: second[i]})
+		v.Intervals = append(v.Intervals, policybpf.Interval{Lo: lo, Hi: hi, First: first[i], Second: second[i]})
 	}
 	return v
 }
@@ -285,7 +242,7 @@ func paintTiers(rules []*clusterRule) *bpf.PolicyValue {
 // clusterValueText is a value as the table shows it: each interval's ports
 // and the Admin and Baseline winners ("tcp/80 admin deny a, baseline
 // accept b"), "-" for none.
-func clusterValueText(v *bpf.PolicyValue, rules []*clusterRule) string {
+func clusterValueText(v *policybpf.PolicyValue, rules []*clusterRule) string {
 	if len(v.Intervals) == 0 {
 		return "-"
 	}
@@ -293,8 +250,8 @@ func clusterValueText(v *bpf.PolicyValue, rules []*clusterRule) string {
 	for _, r := range rules {
 		names[r.object] = r.name
 	}
-	outcome := func(tier string, o bpf.Outcome) string {
-		if o.Action() == bpf.ActionNone {
+	outcome := func(tier string, o policybpf.Outcome) string {
+		if o.Action() == policybpf.ActionNone {
 			return ""
 		}
 		return fmt.Sprintf("%s %s %s", tier, o.Action(), names[o.Object()])
@@ -311,7 +268,7 @@ func clusterValueText(v *bpf.PolicyValue, rules []*clusterRule) string {
 				steps = append(steps, s)
 			}
 		}
-		parts = append(parts, bpf.IntervalText(iv)+" "+strings.Join(steps, ", "))
+		parts = append(parts, policybpf.IntervalText(iv)+" "+strings.Join(steps, ", "))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -324,13 +281,14 @@ const shownClusterIntervals = 8
 // that list the pod IP and every other slice of their policies
 // (endpoints.Union); the rest is ignored. Pure and deterministic.
 func CompileClusterPod(pod netip.Addr, cpes []*endpoints.ClusterPolicyEndpoint) []*ClusterMapEntry {
-	sel, ok := clusterSelectionOf(pod, newObjectSet(endpoints.UnionOf(pod, cpes)), cpes)
+	entry := func(c *endpoints.ClusterPolicyEndpoint) (endpoints.PodEndpoint, bool) { return c.PodEntry(pod) }
+	sel, ok := selectionOf(pod, newObjectSet(endpoints.UnionOf(pod, cpes)), cpes, entry)
 	if !ok {
 		return nil
 	}
 	var out []*ClusterMapEntry
 	for _, t := range compileClusterSelection(sel) {
-		out = t.stampCluster(out, pod)
+		out = stamp(t, out, pod)
 	}
 	return out
 }

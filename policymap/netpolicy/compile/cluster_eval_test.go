@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -25,15 +26,15 @@ func compileClusterScenario(t testing.TB, s clusterScenario, node nodeconfig.Con
 }
 
 // decodeValue decodes an entry's value with its chunks.
-func decodeValue(value []byte, spill []bpf.SpillEntry) bpf.PolicyValue {
+func decodeValue(value []byte, spill []bpf.SpillEntry) policybpf.PolicyValue {
 	chunks := map[string][]byte{}
 	for _, c := range spill {
 		chunks[string(c.Key)] = c.Value
 	}
-	v, err := bpf.UnmarshalPolicyValue(value, func(k []byte) ([]byte, error) {
+	v, err := policybpf.UnmarshalPolicyValue(value, func(k []byte) ([]byte, error) {
 		c, ok := chunks[string(k)]
 		if !ok {
-			return nil, bpf.ErrChunkMissing
+			return nil, policybpf.ErrChunkMissing
 		}
 		return c, nil
 	})
@@ -45,22 +46,22 @@ func decodeValue(value []byte, spill []bpf.SpillEntry) bpf.PolicyValue {
 
 // evalClusterEntries is the program's decision, in Go, on both kinds of
 // entries: the pod's longest matching key in the NetworkPolicy map and in
-// the cluster map of the direction and family, then bpf.EvaluatePolicy.
-func evalClusterEntries(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict bool, p packet) bpf.PolicyResult {
+// the cluster map of the direction and family, then policybpf.EvaluatePolicy.
+func evalClusterEntries(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict bool, p packet) policybpf.PolicyResult {
 	fam := bpf.FamilyOf(p.Pod)
 	var bestNP *PolicyMapEntry
 	for _, e := range np {
-		if e.Map() == bpf.PolicyMapName(p.Dir, fam) && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (bestNP == nil || e.Peer().Bits() > bestNP.Peer().Bits()) {
+		if e.Map() == policybpf.PolicyMapName(p.Dir, fam) && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (bestNP == nil || e.Peer().Bits() > bestNP.Peer().Bits()) {
 			bestNP = e
 		}
 	}
 	var bestCP *ClusterMapEntry
 	for _, e := range cp {
-		if e.Map() == bpf.ClusterMapName(p.Dir, fam) && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (bestCP == nil || e.Peer().Bits() > bestCP.Peer().Bits()) {
+		if e.Map() == policybpf.ClusterMapName(p.Dir, fam) && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (bestCP == nil || e.Peer().Bits() > bestCP.Peer().Bits()) {
 			bestCP = e
 		}
 	}
-	var npv, cpv *bpf.PolicyValue
+	var npv, cpv *policybpf.PolicyValue
 	if bestNP != nil {
 		v := decodeValue(bestNP.MapValue(), bestNP.Spill())
 		npv = &v
@@ -69,10 +70,10 @@ func evalClusterEntries(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict bool
 		v := decodeValue(bestCP.MapValue(), bestCP.Spill())
 		cpv = &v
 	}
-	return bpf.EvaluatePolicy(cpv, npv, bpf.PortPoint(p.Proto, p.Port, bpf.PortKnown(p.Proto)), strict)
+	return policybpf.EvaluatePolicy(cpv, npv, policybpf.PortPoint(p.Proto, p.Port, policybpf.PortKnown(p.Proto)), strict)
 }
 
-func resultText(res bpf.PolicyResult) string {
+func resultText(res policybpf.PolicyResult) string {
 	verdict := "DENY"
 	if res.Allow {
 		verdict = "ALLOW"
@@ -83,7 +84,7 @@ func resultText(res bpf.PolicyResult) string {
 func clusterEntryLines(entries []*ClusterMapEntry) []string {
 	var out []string
 	for _, e := range entries {
-		out = append(out, strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.Tiers()}, " "))
+		out = append(out, strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.ValueText()}, " "))
 	}
 	return out
 }

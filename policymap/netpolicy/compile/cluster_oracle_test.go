@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -19,7 +19,7 @@ import (
 // objects) and random packets, and compare a reference evaluator written
 // from the rules (clusterOracle: it walks the raw objects, never the
 // compiler's output) with the compiled entries evaluated as the program
-// does (bpf.EvaluatePolicy) and, in the privileged test, with the real
+// does (policybpf.EvaluatePolicy) and, in the privileged test, with the real
 // verdict program.
 //
 // The rules, the AWS agent v1.5.0's order:
@@ -42,7 +42,7 @@ import (
 // Baseline steps; nil: not compared).
 type oracleVerdict struct {
 	allow   bool
-	step    bpf.PolicyStep
+	step    policybpf.PolicyStep
 	objects []uint32
 	why     string
 }
@@ -57,7 +57,7 @@ func (v oracleVerdict) String() string {
 
 // cpeID is the id the program names a ClusterPolicyEndpoint by (the
 // documented ObjectID of kind ClusterPolicyEndpoint and its name).
-func cpeID(name string) uint32 { return bpf.ObjectID("ClusterPolicyEndpoint", name) }
+func cpeID(name string) uint32 { return policybpf.ObjectID("ClusterPolicyEndpoint", name) }
 
 // clusterPortsMatch says whether a rule's ports hold the packet: no ports
 // hold everything (ICMP too); a spec holds its protocol (none: TCP) on its
@@ -67,7 +67,7 @@ func clusterPortsMatch(ports []rawPort, p packet) bool {
 		return true
 	}
 	for _, port := range ports {
-		proto := map[string]uint32{"": bpf.ProtocolTCP, "TCP": bpf.ProtocolTCP, "UDP": bpf.ProtocolUDP, "SCTP": bpf.ProtocolSCTP}[port.Protocol]
+		proto := map[string]uint32{"": policybpf.ProtocolTCP, "TCP": policybpf.ProtocolTCP, "UDP": policybpf.ProtocolUDP, "SCTP": policybpf.ProtocolSCTP}[port.Protocol]
 		if proto != p.Proto {
 			continue
 		}
@@ -97,7 +97,7 @@ func tierWinner(cpes []rawCPE, tier string, p packet) (action string, priority i
 			continue
 		}
 		rules := c.Egress
-		if p.Dir == bpf.Ingress {
+		if p.Dir == policybpf.Ingress {
 			rules = c.Ingress
 		}
 		for _, r := range rules {
@@ -121,9 +121,9 @@ func tierWinner(cpes []rawCPE, tier string, p packet) (action string, priority i
 func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p packet) oracleVerdict {
 	dflt := func(selectedByPE bool, why string) oracleVerdict {
 		if strict && !selectedByPE {
-			return oracleVerdict{step: bpf.StepDefault, why: why + ", strict mode, no PolicyEndpoint selects the pod"}
+			return oracleVerdict{step: policybpf.StepDefault, why: why + ", strict mode, no PolicyEndpoint selects the pod"}
 		}
-		return oracleVerdict{allow: true, step: bpf.StepDefault, why: why}
+		return oracleVerdict{allow: true, step: policybpf.StepDefault, why: why}
 	}
 	if !node.FamilyEnabled(p.Pod) {
 		return dflt(false, "a family the node does not run")
@@ -169,7 +169,7 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 	// 1. Admin.
 	for _, c := range cpes {
 		if isNodeIP(c.Pods) {
-			return oracleVerdict{allow: true, step: bpf.StepAdmin, objects: []uint32{0}, why: "the node IP"}
+			return oracleVerdict{allow: true, step: policybpf.StepAdmin, objects: []uint32{0}, why: "the node IP"}
 		}
 	}
 	var standIns []uint32
@@ -179,15 +179,15 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 		}
 	}
 	if len(standIns) > 0 {
-		return oracleVerdict{step: bpf.StepAdmin, objects: standIns, why: "a stand-in"}
+		return oracleVerdict{step: policybpf.StepAdmin, objects: standIns, why: "a stand-in"}
 	}
 	if action, prio, objs, ok := tierWinner(cpes, "Admin", p); ok && action != "Pass" {
-		return oracleVerdict{allow: action == "Accept", step: bpf.StepAdmin, objects: objs, why: fmt.Sprintf("Admin %s at %d", action, prio)}
+		return oracleVerdict{allow: action == "Accept", step: policybpf.StepAdmin, objects: objs, why: fmt.Sprintf("Admin %s at %d", action, prio)}
 	}
 
 	// 2. NetworkPolicy.
 	dir := "Egress"
-	if p.Dir == bpf.Ingress {
+	if p.Dir == policybpf.Ingress {
 		dir = "Ingress"
 	}
 	isolated := false
@@ -197,25 +197,25 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 		}
 		isolated = true
 		if isNodeIP(pe.Pods) {
-			return oracleVerdict{allow: true, step: bpf.StepNamespace, why: "the node IP (NetworkPolicy)"}
+			return oracleVerdict{allow: true, step: policybpf.StepNamespace, why: "the node IP (NetworkPolicy)"}
 		}
 		rules := pe.Egress
-		if p.Dir == bpf.Ingress {
+		if p.Dir == policybpf.Ingress {
 			rules = pe.Ingress
 		}
 		for _, r := range rules {
 			if ruleAllows(r, p) {
-				return oracleVerdict{allow: true, step: bpf.StepNamespace, why: "a NetworkPolicy rule of " + pe.Name}
+				return oracleVerdict{allow: true, step: policybpf.StepNamespace, why: "a NetworkPolicy rule of " + pe.Name}
 			}
 		}
 	}
 	if isolated {
-		return oracleVerdict{step: bpf.StepNamespace, why: "isolated, no NetworkPolicy rule"}
+		return oracleVerdict{step: policybpf.StepNamespace, why: "isolated, no NetworkPolicy rule"}
 	}
 
 	// 3. Baseline.
 	if action, prio, objs, ok := tierWinner(cpes, "Baseline", p); ok && action != "Pass" {
-		return oracleVerdict{allow: action == "Accept", step: bpf.StepBaseline, objects: objs, why: fmt.Sprintf("Baseline %s at %d", action, prio)}
+		return oracleVerdict{allow: action == "Accept", step: policybpf.StepBaseline, objects: objs, why: fmt.Sprintf("Baseline %s at %d", action, prio)}
 	}
 
 	// 4. Default.
@@ -224,7 +224,7 @@ func (s clusterScenario) clusterOracle(node nodeconfig.Config, strict bool, p pa
 
 // agrees says whether a result is the oracle's verdict: allow, step, and
 // the deciding object where the oracle names the candidates.
-func (v oracleVerdict) agrees(res bpf.PolicyResult) bool {
+func (v oracleVerdict) agrees(res policybpf.PolicyResult) bool {
 	if res.Allow != v.allow || res.Step != v.step {
 		return false
 	}
@@ -244,7 +244,7 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 		scenarios = 200
 	}
 	checked, spilled := 0, 0
-	steps := map[bpf.PolicyStep]int{}
+	steps := map[policybpf.PolicyStep]int{}
 	for i := range scenarios {
 		node := nodeconfig.Config{EnableIPv4: true, EnableIPv6: i%2 == 1}
 		strict := i%3 == 2
@@ -280,7 +280,7 @@ func TestClusterCompileMatchesOracle(t *testing.T) {
 	if spilled == 0 && !testing.Short() {
 		t.Error("no cluster value had chunks: the generator does not reach them")
 	}
-	for _, st := range bpf.PolicySteps {
+	for _, st := range policybpf.PolicySteps {
 		if steps[st] < 100 && !testing.Short() {
 			t.Errorf("only %d packets decided at the %s step: the generator does not reach it", steps[st], st)
 		}
@@ -308,7 +308,7 @@ func TestClusterOracleStrictSelectedPod(t *testing.T) {
 		Egress: []rawClusterRule{{CIDR: "0.0.0.0/0", Action: "Pass"}}}}
 	for name, sc := range map[string]clusterScenario{"PolicyEndpoint only": s, "and an Admin Pass": withPass} {
 		np, cp := compileClusterScenario(t, sc, node)
-		p := packet{Dir: bpf.Egress, Pod: netip.MustParseAddr(pod), Peer: netip.MustParseAddr("10.2.0.1"), Proto: bpf.ProtocolTCP, Port: 443}
+		p := packet{Dir: policybpf.Egress, Pod: netip.MustParseAddr(pod), Peer: netip.MustParseAddr("10.2.0.1"), Proto: policybpf.ProtocolTCP, Port: 443}
 		if got := evalClusterEntries(np, cp, true, p); !got.Allow {
 			t.Errorf("%s: strict mode, %s (egress not isolated by the pod's PolicyEndpoint): %s, want ALLOW\nentries:\n%s",
 				name, p, resultText(got), strings.Join(entryLines(np), "\n"))
@@ -342,7 +342,7 @@ func TestClusterCompileValuesPastTheShownIntervals(t *testing.T) {
 			peer string
 			port uint16
 		}{{"10.2.2.255", 1}, {"10.2.0.1", 1000}, {"10.2.0.1", 1002}, {"10.2.0.1", 1003}, {"10.0.0.253", 1000}, {"10.0.0.253", 1}} {
-			p := packet{Dir: bpf.Ingress, Pod: netip.MustParseAddr("10.0.0.3"), Peer: netip.MustParseAddr(c.peer), Proto: bpf.ProtocolSCTP, Port: c.port}
+			p := packet{Dir: policybpf.Ingress, Pod: netip.MustParseAddr("10.0.0.3"), Peer: netip.MustParseAddr(c.peer), Proto: policybpf.ProtocolSCTP, Port: c.port}
 			want, got := s.clusterOracle(node, false, p), evalClusterEntries(np, cp, false, p)
 			if !want.agrees(got) {
 				failed = true

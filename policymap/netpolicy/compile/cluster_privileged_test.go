@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
@@ -20,7 +21,7 @@ import (
 type clusterKernel struct {
 	tb   testing.TB
 	maps map[string]*ebpf.Map
-	prog *bpf.PolicyProgram
+	prog *policybpf.PolicyProgram
 }
 
 const clusterKernelMaxEntries = 1 << 14
@@ -30,14 +31,14 @@ func newClusterKernel(tb testing.TB) *clusterKernel {
 	celltest.RequireRoot(tb)
 	k := &clusterKernel{tb: tb, maps: map[string]*ebpf.Map{}}
 	var specs []*ebpf.MapSpec
-	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+	for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
-			specs = append(specs, bpf.PolicyMapSpec(d, f, clusterKernelMaxEntries), bpf.ClusterMapSpec(d, f, clusterKernelMaxEntries))
+			specs = append(specs, policybpf.PolicyMapSpec(d, f, clusterKernelMaxEntries), policybpf.ClusterMapSpec(d, f, clusterKernelMaxEntries))
 		}
 	}
-	specs = append(specs, bpf.ChunkMapSpec(bpf.PolicyChunksMapName, clusterKernelMaxEntries),
-		bpf.ChunkMapSpec(bpf.ClusterChunksMapName, clusterKernelMaxEntries))
-	mode, err := bpf.PolicyStateSpec(bpf.PolicyModeMapName)
+	specs = append(specs, policybpf.ChunkMapSpec(policybpf.PolicyChunksMapName, clusterKernelMaxEntries),
+		policybpf.ChunkMapSpec(policybpf.ClusterChunksMapName, clusterKernelMaxEntries))
+	mode, err := policybpf.PolicyStateSpec(policybpf.PolicyModeMapName)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func newClusterKernel(tb testing.TB) *clusterKernel {
 		tb.Cleanup(func() { m.Close() })
 		k.maps[spec.Name] = m
 	}
-	if k.prog, err = bpf.LoadPolicyProgram(k.maps); err != nil {
+	if k.prog, err = policybpf.LoadPolicyProgram(k.maps); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { k.prog.Close() })
@@ -64,7 +65,7 @@ func newClusterKernel(tb testing.TB) *clusterKernel {
 func (k *clusterKernel) fill(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict bool) {
 	k.tb.Helper()
 	for name, m := range k.maps {
-		if name == bpf.PolicyModeMapName {
+		if name == policybpf.PolicyModeMapName {
 			continue
 		}
 		var keys [][]byte
@@ -92,7 +93,7 @@ func (k *clusterKernel) fill(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict
 			k.tb.Fatalf("entry %s %s %s: %s", e.Map(), e.Pod, e.Peer(), e.EncodeError())
 		}
 		for _, c := range e.Spill() {
-			put(bpf.PolicyChunksMapName, c.Key, c.Value)
+			put(policybpf.PolicyChunksMapName, c.Key, c.Value)
 		}
 		put(e.Map(), e.MapKey(), e.MapValue())
 	}
@@ -101,15 +102,15 @@ func (k *clusterKernel) fill(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict
 			k.tb.Fatalf("entry %s %s %s: %s", e.Map(), e.Pod, e.Peer(), e.EncodeError())
 		}
 		for _, c := range e.Spill() {
-			put(bpf.ClusterChunksMapName, c.Key, c.Value)
+			put(policybpf.ClusterChunksMapName, c.Key, c.Value)
 		}
 		put(e.Map(), e.MapKey(), e.MapValue())
 	}
-	mode := bpf.PolicyModeStandard
+	mode := policybpf.PolicyModeStandard
 	if strict {
-		mode = bpf.PolicyModeStrict
+		mode = policybpf.PolicyModeStrict
 	}
-	if err := bpf.SetPolicyMode(k.maps[bpf.PolicyModeMapName], mode); err != nil {
+	if err := policybpf.SetPolicyMode(k.maps[policybpf.PolicyModeMapName], mode); err != nil {
 		k.tb.Fatal(err)
 	}
 }
@@ -120,7 +121,7 @@ func (k *clusterKernel) fill(np []*PolicyMapEntry, cp []*ClusterMapEntry, strict
 // BPF_PROG_TEST_RUN on random packets, must give the reference evaluator's
 // verdict, step and deciding object, in standard and strict mode. On a
 // failure the seed and a minimal case (shrunk on the program) are printed,
-// with what bpf.EvaluatePolicy says on the same entries.
+// with what policybpf.EvaluatePolicy says on the same entries.
 func TestPrivilegedClusterProgramMatchesOracle(t *testing.T) {
 	celltest.RequireRoot(t)
 	seed := propertySeed(t)
@@ -180,7 +181,7 @@ func TestPrivilegedClusterProgramStrictSelectedPod(t *testing.T) {
 	}}}}
 	np, cp := compileClusterScenario(t, s, node)
 	k.fill(np, cp, true)
-	p := packet{Dir: bpf.Egress, Pod: poolPod(2, false), Peer: poolPod(3, false), Proto: bpf.ProtocolTCP, Port: 443}
+	p := packet{Dir: policybpf.Egress, Pod: poolPod(2, false), Peer: poolPod(3, false), Proto: policybpf.ProtocolTCP, Port: 443}
 	if got := runPacket(t, k.prog, p); !got.Allow {
 		t.Errorf("strict mode, %s (egress not isolated by the pod's PolicyEndpoint): the program %s, want ALLOW", p, resultText(got))
 	}

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -33,7 +33,7 @@ import (
 // the node IP). Prefixes either nest or are disjoint, so for any peer the
 // longest boundary B that contains it is exactly as deep as needed: a rule
 // covers the peer iff it covers B. A union of any size is encoded: its
-// intervals past a map value's are in chunks (bpf.PolicyValue).
+// intervals past a map value's are in chunks (policybpf.PolicyValue).
 //
 // The entries of a pod are its selection's [policyTemplate]s stamped with
 // its IP (compileSelection, stamp): pods with the same selecting objects and
@@ -51,37 +51,15 @@ func CompilePod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*PolicyMapEnt
 	}
 	out := make([]*PolicyMapEntry, 0, n)
 	for _, t := range ts {
-		out = t.stamp(out, pod)
+		out = stamp(t, out, pod)
 	}
 	return out
 }
 
-// selectionOf returns the selection of a pod IP: set is the objects that
-// decide for it (endpoints.Union: those that list it and the other slices
-// of their policies), listing holds those that list it (others are
-// skipped), and entry finds its entry in one (the node IP); false if none
-// lists it.
-func selectionOf(pod netip.Addr, set objectSet[*endpoints.PolicyEndpoint], listing []*endpoints.PolicyEndpoint, entry func(*endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool)) (selection, bool) {
-	sel := selection{family: bpf.FamilyOf(pod), pes: set.objs, pesKey: set.key}
-	listed := false
-	for _, pe := range listing {
-		e, ok := entry(pe)
-		if !ok {
-			continue
-		}
-		listed = true
-		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
-			sel.hosts = append(sel.hosts, h)
-		}
-	}
-	slices.SortFunc(sel.hosts, netip.Addr.Compare)
-	return sel, listed
-}
-
 // compileSelection returns the templates of the selection, egress first.
-func compileSelection(sel selection) []*policyTemplate {
+func compileSelection(sel selection[*endpoints.PolicyEndpoint]) []*policyTemplate {
 	out := make([]*policyTemplate, 0, 2)
-	for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+	for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 		out = append(out, compileDirection(sel, d))
 	}
 	return out
@@ -91,7 +69,7 @@ func compileSelection(sel selection) []*policyTemplate {
 // protocol (in protocol number order), every port if any spec says so,
 // otherwise the ranges merged where they overlap or touch. It is the
 // reference for portCover.
-func mergePorts(out []bpf.PortEntry, ports []endpoints.Port) []bpf.PortEntry {
+func mergePorts(out []policybpf.PortEntry, ports []endpoints.Port) []policybpf.PortEntry {
 	if len(ports) == 0 {
 		return out
 	}
@@ -125,12 +103,12 @@ func mergePorts(out []bpf.PortEntry, ports []endpoints.Port) []bpf.PortEntry {
 		group := spans[i:j]
 		i = j
 		if group[0].start == 0 { // sorted: an every-port spec comes first
-			out = append(out, bpf.PortEntry{Protocol: proto})
+			out = append(out, policybpf.PortEntry{Protocol: proto})
 			continue
 		}
 		cur := group[0]
 		flush := func() {
-			e := bpf.PortEntry{Protocol: proto, StartPort: cur.start}
+			e := policybpf.PortEntry{Protocol: proto, StartPort: cur.start}
 			if cur.end != cur.start {
 				e.EndPort = cur.end
 			}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/policymap/netpolicy/source"
 )
@@ -32,7 +32,7 @@ func mustParse(t testing.TB, yamls ...string) []*endpoints.PolicyEndpoint {
 func entryLines(entries []*PolicyMapEntry) []string {
 	var out []string
 	for _, e := range entries {
-		l := strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.Ports()}, " ")
+		l := strings.Join([]string{e.Map(), e.Pod.String(), e.Peer().String(), e.ValueText()}, " ")
 		if e.EncodeError() != "" {
 			l += " ERROR " + e.EncodeError()
 		}
@@ -141,7 +141,7 @@ func TestCompileAnyNumberOfPortEntries(t *testing.T) {
 			"  - {cidr: 10.0.0.0/8, ports: ["+strings.Join(ports, ", ")+"]}\n"))
 		var key *PolicyMapEntry
 		for _, e := range CompilePod(netip.MustParseAddr("10.0.0.5"), pes) {
-			if e.Map() == bpf.PolicyEgressV4MapName && e.Peer() == netip.MustParsePrefix("10.0.0.0/8") {
+			if e.Map() == policybpf.PolicyEgressV4MapName && e.Peer() == netip.MustParsePrefix("10.0.0.0/8") {
 				key = e
 			}
 		}
@@ -152,16 +152,16 @@ func TestCompileAnyNumberOfPortEntries(t *testing.T) {
 		for _, c := range key.Spill() {
 			chunks[string(c.Key)] = c.Value
 		}
-		if (n > bpf.PolicyInlineIntervals) != (len(chunks) > 0) || (len(chunks) > 0) != (key.SpillMap() == bpf.PolicyChunksMapName) {
+		if (n > policybpf.PolicyInlineIntervals) != (len(chunks) > 0) || (len(chunks) > 0) != (key.SpillMap() == policybpf.PolicyChunksMapName) {
 			t.Errorf("%d ports: %d chunks in %q", n, len(chunks), key.SpillMap())
 		}
-		v, err := bpf.UnmarshalPolicyValue(key.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
+		v, err := policybpf.UnmarshalPolicyValue(key.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
 		if err != nil {
 			t.Fatal(err)
 		}
 		for port := uint16(990); port < uint16(1000+2*n+10); port++ {
 			want := port >= 1000 && port < uint16(1000+2*n) && port%2 == 0
-			if got := v.Search(bpf.PortPoint(bpf.ProtocolTCP, port, true)) >= 0; got != want {
+			if got := v.Search(policybpf.PortPoint(policybpf.ProtocolTCP, port, true)) >= 0; got != want {
 				t.Fatalf("%d ports: tcp/%d allowed=%t, want %t", n, port, got, want)
 			}
 		}
@@ -172,10 +172,10 @@ func itoa(n int) string { return strconv.Itoa(n) }
 
 func TestMergePorts(t *testing.T) {
 	tcp := func(p, e uint16) endpoints.Port {
-		return endpoints.Port{Protocol: bpf.ProtocolTCP, Port: p, EndPort: e}
+		return endpoints.Port{Protocol: policybpf.ProtocolTCP, Port: p, EndPort: e}
 	}
 	udp := func(p, e uint16) endpoints.Port {
-		return endpoints.Port{Protocol: bpf.ProtocolUDP, Port: p, EndPort: e}
+		return endpoints.Port{Protocol: policybpf.ProtocolUDP, Port: p, EndPort: e}
 	}
 	for _, tc := range []struct {
 		in   []endpoints.Port
@@ -187,9 +187,9 @@ func TestMergePorts(t *testing.T) {
 		{[]endpoints.Port{tcp(82, 90), tcp(80, 0)}, "tcp/80,tcp/82-90"},
 		{[]endpoints.Port{tcp(1, 100), tcp(50, 60), tcp(100, 200), tcp(202, 0)}, "tcp/1-200,tcp/202"},
 		{[]endpoints.Port{udp(53, 0), tcp(0, 0), tcp(80, 0)}, "tcp/*,udp/53"},
-		{[]endpoints.Port{{Protocol: bpf.ProtocolSCTP, Port: 9}, udp(53, 0), tcp(1, 65535)}, "tcp/1-65535,udp/53,sctp/9"},
+		{[]endpoints.Port{{Protocol: policybpf.ProtocolSCTP, Port: 9}, udp(53, 0), tcp(1, 65535)}, "tcp/1-65535,udp/53,sctp/9"},
 	} {
-		v := bpf.AllowValue(mergePorts(nil, tc.in)...)
+		v := policybpf.AllowValue(mergePorts(nil, tc.in)...)
 		if got := v.String(); got != tc.want {
 			t.Errorf("mergePorts(%v) = %s, want %s", tc.in, got, tc.want)
 		}
@@ -261,7 +261,7 @@ func shuffleRules(rng *rand.Rand, rules []endpoints.Rule) []endpoints.Rule {
 // ports: same entries, same count.
 func TestPortCoverMatchesMergePorts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	protos := []uint32{bpf.ProtocolTCP, bpf.ProtocolUDP, bpf.ProtocolSCTP}
+	protos := []uint32{policybpf.ProtocolTCP, policybpf.ProtocolUDP, policybpf.ProtocolSCTP}
 	for range 300 {
 		rules := make([]*endpoints.Rule, 1+rng.IntN(12))
 		for i := range rules {

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
@@ -76,7 +77,7 @@ func startPolicyHarness(tb testing.TB, o harnessOptions) *policyHarness {
 				return r.NewGroup(health, job.WithLogger(log))
 			}),
 			cell.Config(policymap.DefaultConfig),
-			cell.Provide(func() Settings { return Settings{MaxEntries: bpf.PolicyDefaultMaxEntries} }),
+			cell.Provide(func() Settings { return Settings{MaxEntries: policybpf.PolicyDefaultMaxEntries} }),
 			endpoints.Cell,
 			Cell,
 			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpoints.PolicyEndpoint], ents statedb.RWTable[*PolicyMapEntry], ops *policymap.Maps[*PolicyMapEntry], st *policyState, vs *policyVersions, vt statedb.Table[*PodVersions]) {
@@ -225,8 +226,8 @@ func (h *policyHarness) kernelEntries() []string {
 	h.tb.Helper()
 	var out []string
 	for name, m := range h.kernelMaps() {
-		chunks := name == bpf.PolicyChunksMapName
-		_, fam, err := bpf.ParsePolicyMapName(name)
+		chunks := name == policybpf.PolicyChunksMapName
+		_, fam, err := policybpf.ParsePolicyMapName(name)
 		if err != nil && !chunks {
 			h.tb.Fatal(err)
 		}
@@ -257,13 +258,13 @@ func (h *policyHarness) rawKernelBytes() []byte {
 }
 
 // program loads the verdict program on the harness's maps.
-func (h *policyHarness) program() *bpf.PolicyProgram {
+func (h *policyHarness) program() *policybpf.PolicyProgram {
 	h.tb.Helper()
 	maps := h.kernelMaps()
 	if k, ok := bpf.KernelMaps(h.versions.maps.Opened()); ok {
-		maps[bpf.PolicyVersionsMapName] = k[bpf.PolicyVersionsMapName]
+		maps[policybpf.PolicyVersionsMapName] = k[policybpf.PolicyVersionsMapName]
 	}
-	prog, err := bpf.LoadPolicyProgram(maps)
+	prog, err := policybpf.LoadPolicyProgram(maps)
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -272,13 +273,13 @@ func (h *policyHarness) program() *bpf.PolicyProgram {
 }
 
 // run runs the program on a packet.
-func runPacket(tb testing.TB, prog *bpf.PolicyProgram, p packet) bpf.PolicyResult {
+func runPacket(tb testing.TB, prog *policybpf.PolicyProgram, p packet) policybpf.PolicyResult {
 	tb.Helper()
 	src, dst := p.Pod, p.Peer
-	if p.Dir == bpf.Ingress {
+	if p.Dir == policybpf.Ingress {
 		src, dst = p.Peer, p.Pod
 	}
-	frame, err := bpf.PolicyTestFrame(src, dst, uint8(p.Proto), 40000, p.Port)
+	frame, err := policybpf.PolicyTestFrame(src, dst, uint8(p.Proto), 40000, p.Port)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
@@ -73,7 +74,7 @@ func (s scenario) oracleAllows(node nodeconfig.Config, p packet) bool {
 			continue
 		}
 		dir, rules := "Egress", pe.Egress
-		if p.Dir == bpf.Ingress {
+		if p.Dir == policybpf.Ingress {
 			dir, rules = "Ingress", pe.Ingress
 		}
 		if !strings.Contains(strings.Join(pe.Isolation, ","), dir) {
@@ -102,7 +103,7 @@ func ruleAllows(r rawRule, p packet) bool {
 		return true
 	}
 	for _, port := range r.Ports {
-		proto := map[string]uint32{"": bpf.ProtocolTCP, "TCP": bpf.ProtocolTCP, "UDP": bpf.ProtocolUDP, "SCTP": bpf.ProtocolSCTP}[port.Protocol]
+		proto := map[string]uint32{"": policybpf.ProtocolTCP, "TCP": policybpf.ProtocolTCP, "UDP": policybpf.ProtocolUDP, "SCTP": policybpf.ProtocolSCTP}[port.Protocol]
 		if proto != p.Proto {
 			continue
 		}
@@ -124,7 +125,7 @@ func ruleAllows(r rawRule, p packet) bool {
 // pod's longest matching key in the map of the direction and family, then
 // the first port entry that allows. No key: no policy, allowed.
 func evalEntries(entries []*PolicyMapEntry, p packet) bool {
-	name := bpf.PolicyMapName(p.Dir, bpf.FamilyOf(p.Pod))
+	name := policybpf.PolicyMapName(p.Dir, bpf.FamilyOf(p.Pod))
 	var best *PolicyMapEntry
 	for _, e := range entries {
 		if e.Map() == name && e.Pod == p.Pod && e.Peer().Contains(p.Peer) && (best == nil || e.Peer().Bits() > best.Peer().Bits()) {
@@ -138,11 +139,11 @@ func evalEntries(entries []*PolicyMapEntry, p packet) bool {
 	for _, c := range best.Spill() {
 		chunks[string(c.Key)] = c.Value
 	}
-	v, err := bpf.UnmarshalPolicyValue(best.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
+	v, err := policybpf.UnmarshalPolicyValue(best.MapValue(), func(k []byte) ([]byte, error) { return chunks[string(k)], nil })
 	if err != nil {
 		panic(err)
 	}
-	return bpf.EvaluatePolicy(nil, &v, bpf.PortPoint(p.Proto, p.Port, bpf.PortKnown(p.Proto)), false).Allow
+	return policybpf.EvaluatePolicy(nil, &v, policybpf.PortPoint(p.Proto, p.Port, policybpf.PortKnown(p.Proto)), false).Allow
 }
 
 // compileScenario compiles every pod IP of the node's families.

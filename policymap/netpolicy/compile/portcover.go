@@ -3,7 +3,7 @@ package compile
 import (
 	"slices"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -164,12 +164,12 @@ func (c *portCover) count() int {
 
 // appendEntries appends the union as sorted, merged entries, as
 // mergePorts does.
-func (c *portCover) appendEntries(out []bpf.PortEntry) []bpf.PortEntry {
+func (c *portCover) appendEntries(out []policybpf.PortEntry) []policybpf.PortEntry {
 	for i := range c.protos {
 		pc := &c.protos[i]
 		switch {
 		case pc.every > 0:
-			out = append(out, bpf.PortEntry{Protocol: pc.proto})
+			out = append(out, policybpf.PortEntry{Protocol: pc.proto})
 		case pc.n > 0 && pc.runs[1] > 0:
 			first := len(out)
 			out = pc.walk(out, 1, 0, pc.n)
@@ -185,7 +185,7 @@ func (c *portCover) appendEntries(out []bpf.PortEntry) []bpf.PortEntry {
 
 // walk appends the covered runs under node, merging touching ones; while
 // walking, EndPort is the last port of a run even when equal to StartPort.
-func (pc *protoCover) walk(out []bpf.PortEntry, node, l, r int32) []bpf.PortEntry {
+func (pc *protoCover) walk(out []policybpf.PortEntry, node, l, r int32) []policybpf.PortEntry {
 	switch {
 	case pc.cnt[node] > 0:
 		start, end := pc.coords[l], pc.coords[r]-1
@@ -193,7 +193,7 @@ func (pc *protoCover) walk(out []bpf.PortEntry, node, l, r int32) []bpf.PortEntr
 			out[k].EndPort = end
 			return out
 		}
-		return append(out, bpf.PortEntry{Protocol: pc.proto, StartPort: start, EndPort: end})
+		return append(out, policybpf.PortEntry{Protocol: pc.proto, StartPort: start, EndPort: end})
 	case pc.runs[node] == 0 || r-l == 1:
 		return out
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/inspect"
@@ -95,7 +96,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	h := startPolicyHarness(t, harnessOptions{})
 	prog := h.program()
 	verdict := func(peer string) bool {
-		return runPacket(t, prog, packet{Dir: bpf.Egress, Pod: pod, Peer: netip.MustParseAddr(peer), Proto: 6, Port: 80}).Allow
+		return runPacket(t, prog, packet{Dir: policybpf.Egress, Pod: pod, Peer: netip.MustParseAddr(peer), Proto: 6, Port: 80}).Allow
 	}
 
 	before := mustParse(t, pe("client", spec("10.2.0.7")))
@@ -119,7 +120,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 		if !ok {
 			return false, watch, "no versions row"
 		}
-		tv := row.Tiers[bpf.TierNetworkPolicy]
+		tv := row.Tiers[policybpf.TierNetworkPolicy]
 		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
 	})
 	row, _, _ := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
@@ -195,7 +196,7 @@ func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
 	h := startPolicyHarness(t, harnessOptions{
 		args: []string{"--bpf-map-refresh-interval=20ms"},
 		beforeStart: func(dir string) {
-			m, err := bpf.OpenPinned(slog.New(slog.DiscardHandler), bpf.PolicyMapSpec(bpf.Egress, bpf.IPv4, bpf.PolicyDefaultMaxEntries), dir)
+			m, err := bpf.OpenPinned(slog.New(slog.DiscardHandler), policybpf.PolicyMapSpec(policybpf.Egress, bpf.IPv4, policybpf.PolicyDefaultMaxEntries), dir)
 			if err != nil {
 				t.Fatal(err)
 			}

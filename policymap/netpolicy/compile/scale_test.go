@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -18,7 +18,7 @@ func smallObject() *endpoints.PolicyEndpoint {
 	return &endpoints.PolicyEndpoint{
 		Namespace: "bench", Name: "small", PolicyRef: "bench/small", IsolatesEgress: true,
 		Pods:   []endpoints.PodEndpoint{{PodIP: netip.MustParseAddr("192.168.0.1"), HostIP: netip.MustParseAddr("100.127.0.1")}},
-		Egress: []endpoints.Rule{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: 80}}}},
+		Egress: []endpoints.Rule{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: 80}}}},
 	}
 }
 

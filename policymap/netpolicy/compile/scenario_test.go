@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/policymap/netpolicy/inspect"
 	"github.com/enimasq/enimasq/policymap/netpolicy/source"
@@ -267,7 +267,7 @@ func genScenario(rng *rand.Rand, v6 bool) scenario {
 
 // packet is what the verdict is asked for.
 type packet struct {
-	Dir   bpf.Direction
+	Dir   policybpf.Direction
 	Pod   netip.Addr
 	Peer  netip.Addr
 	Proto uint32
@@ -301,9 +301,9 @@ func genPackets(rng *rand.Rand, s scenario, v6 bool, n int) []packet {
 	}
 	out := make([]packet, 0, n)
 	for len(out) < n {
-		p := packet{Dir: bpf.Egress, Pod: poolPod(1+rng.IntN(poolSize+1), v6 && rng.IntN(2) == 0)} // pod 5 is never selected
+		p := packet{Dir: policybpf.Egress, Pod: poolPod(1+rng.IntN(poolSize+1), v6 && rng.IntN(2) == 0)} // pod 5 is never selected
 		if rng.IntN(2) == 0 {
-			p.Dir = bpf.Ingress
+			p.Dir = policybpf.Ingress
 		}
 		fam := b2i(p.Pod.Is6())
 		switch r := rng.IntN(10); {
@@ -331,18 +331,18 @@ func genPackets(rng *rand.Rand, s scenario, v6 bool, n int) []packet {
 		}
 		switch r := rng.IntN(10); {
 		case r < 4:
-			p.Proto = bpf.ProtocolTCP
+			p.Proto = policybpf.ProtocolTCP
 		case r < 7:
-			p.Proto = bpf.ProtocolUDP
+			p.Proto = policybpf.ProtocolUDP
 		case r < 9:
-			p.Proto = bpf.ProtocolSCTP
+			p.Proto = policybpf.ProtocolSCTP
 		default:
 			p.Proto = 1
 			if p.Pod.Is6() {
 				p.Proto = 58
 			}
 		}
-		if bpf.PortKnown(p.Proto) {
+		if policybpf.PortKnown(p.Proto) {
 			port := ports[rng.IntN(len(ports))]
 			if rng.IntN(10) == 0 {
 				port = 1 + rng.IntN(65535)

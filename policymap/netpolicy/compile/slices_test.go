@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -40,7 +40,7 @@ func TestDeriverSlicedPolicy(t *testing.T) {
 	slice := func(name, policy string, pods []endpoints.PodEndpoint, egress ...string) *endpoints.PolicyEndpoint {
 		pe := &endpoints.PolicyEndpoint{Namespace: "ns", Name: name, PolicyRef: "ns/" + policy, IsolatesEgress: true, Pods: pods}
 		for _, c := range egress {
-			pe.Egress = append(pe.Egress, endpoints.Rule{CIDR: p(c), Ports: []endpoints.Port{{Protocol: bpf.ProtocolTCP, Port: 80}}})
+			pe.Egress = append(pe.Egress, endpoints.Rule{CIDR: p(c), Ports: []endpoints.Port{{Protocol: policybpf.ProtocolTCP, Port: 80}}})
 		}
 		return pe
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -85,19 +86,19 @@ func (a *sweepItem) contains(b *sweepItem) bool {
 // per port (portCover), so the value at a boundary costs at most a few
 // dozen steps whatever the number of rules. Time: O(n log n) in the
 // number of cidrs, excepts and port specs.
-func compileDirection(sel selection, d bpf.Direction) *policyTemplate {
+func compileDirection(sel selection[*endpoints.PolicyEndpoint], d policybpf.Direction) *policyTemplate {
 	fam := sel.family
 	root := rootPrefix(fam)
-	t := &policyTemplate{mapName: bpf.PolicyMapName(d, fam)}
+	t := &policyTemplate{mapName: policybpf.PolicyMapName(d, fam)}
 
 	isolated, n := false, 0
-	for _, pe := range sel.pes {
+	for _, pe := range sel.objs {
 		if pe.Isolates(d) {
 			isolated, n = true, n+len(pe.Rules(d))
 		}
 	}
 	rules := make([]*endpoints.Rule, 0, n)
-	for _, pe := range sel.pes {
+	for _, pe := range sel.objs {
 		if !pe.Isolates(d) {
 			continue
 		}

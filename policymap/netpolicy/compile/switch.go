@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -53,17 +53,17 @@ type tierRow struct {
 	what    string // map and peer, for messages
 }
 
-func (s *versionSwitch) rows(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip.Addr) iter.Seq[tierRow] {
+func (s *versionSwitch) rows(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr) iter.Seq[tierRow] {
+	if tier == policybpf.TierNetworkPolicy {
+		return tierRows(txn, s.policy, pod)
+	}
+	return tierRows(txn, s.cluster, pod)
+}
+
+// tierRows are a pod's rows in a kind's table.
+func tierRows[K entryKind](txn statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr) iter.Seq[tierRow] {
 	return func(yield func(tierRow) bool) {
-		if tier == bpf.TierNetworkPolicy {
-			for e := range s.policy.Prefix(txn, PodEntries(pod)) {
-				if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
-					return
-				}
-			}
-			return
-		}
-		for e := range s.cluster.Prefix(txn, ClusterPodEntries(pod)) {
+		for e := range table.Prefix(txn, podEntries[K](pod)) {
 			if !yield(tierRow{e.Version, e.Status, e.Map() + " " + e.Peer().String()}) {
 				return
 			}
@@ -180,8 +180,8 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 				tv.Failed = failure
 				failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
 					versionText(tv.Want), keeps(tv.Active), failure))
-				if tv.Active == bpf.PolicyVersionNone {
-					tv.Active = bpf.PolicyVersionClosed // none to keep: fail closed
+				if tv.Active == policybpf.PolicyVersionNone {
+					tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
 					switched = true
 				}
 			}
@@ -202,8 +202,8 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 
 // whole says whether a tier's newest version of a pod is in the kernel
 // whole, or else why it cannot be (a row the kernel refused), if so.
-func (s *versionSwitch) whole(txn statedb.ReadTxn, tier bpf.PolicyTier, pod netip.Addr, tv TierVersions) (bool, string) {
-	if tv.Want == bpf.PolicyVersionNone {
+func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, tv TierVersions) (bool, string) {
+	if tv.Want == policybpf.PolicyVersionNone {
 		return true, ""
 	}
 	done, failure := 0, ""
@@ -225,9 +225,9 @@ func (s *versionSwitch) whole(txn statedb.ReadTxn, tier bpf.PolicyTier, pod neti
 
 func keeps(active uint32) string {
 	switch active {
-	case bpf.PolicyVersionNone:
+	case policybpf.PolicyVersionNone:
 		return "the pod is closed (it had none)"
-	case bpf.PolicyVersionClosed:
+	case policybpf.PolicyVersionClosed:
 		return "the pod stays closed"
 	}
 	return "the pod keeps version " + versionText(active)

@@ -2,8 +2,10 @@ package compile
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -15,19 +17,43 @@ import (
 // of their policies, endpoints.Union) and the node IPs they give for it.
 // Pods with equal selections get equal entries but for the pod IP in the
 // key.
-type selection struct {
+type selection[T endpoints.Slice] struct {
 	family bpf.Family
-	pes    []*endpoints.PolicyEndpoint
-	// pesKey identifies pes (objectSet).
-	pesKey string
-	hosts  []netip.Addr // sorted, of the family
+	objs   []T
+	// objsKey identifies objs (objectSet).
+	objsKey string
+	hosts   []netip.Addr // sorted, of the family
+}
+
+// selectionOf returns the selection of a pod IP: set is the objects that
+// decide for it (endpoints.Union: those that list it and the other slices
+// of their policies), listing holds those that list it (others are
+// skipped), and entry finds its entry in one (the node IP); false if none
+// lists it. The node IP is the objects' hostIP: from the API server only
+// pods whose hostIP is one of this node's addresses are taken (the
+// source's node rule), stand-ins' too.
+func selectionOf[T endpoints.Slice](pod netip.Addr, set objectSet[T], listing []T, entry func(T) (endpoints.PodEndpoint, bool)) (selection[T], bool) {
+	sel := selection[T]{family: bpf.FamilyOf(pod), objs: set.objs, objsKey: set.key}
+	listed := false
+	for _, o := range listing {
+		e, ok := entry(o)
+		if !ok {
+			continue
+		}
+		listed = true
+		if h := e.HostIP; h.IsValid() && bpf.FamilyOf(h) == sel.family && !slices.Contains(sel.hosts, h) {
+			sel.hosts = append(sel.hosts, h)
+		}
+	}
+	slices.SortFunc(sel.hosts, netip.Addr.Compare)
+	return sel, listed
 }
 
 // key identifies the selection while its objects are alive.
-func (s selection) key() string {
-	b := make([]byte, 0, 1+len(s.pesKey)+17*len(s.hosts))
+func (s selection[T]) key() string {
+	b := make([]byte, 0, 1+len(s.objsKey)+17*len(s.hosts))
 	b = append(b, byte(s.family))
-	b = append(b, s.pesKey...)
+	b = append(b, s.objsKey...)
 	for _, h := range s.hosts {
 		b = append(b, '/')
 		b = append(b, h.AsSlice()...)
@@ -35,12 +61,12 @@ func (s selection) key() string {
 	return string(b)
 }
 
-// weight is the size of the selection's compile work: its rules and
-// excepts in the directions its objects isolate.
-func (s selection) weight() int {
+// weight is the size of a NetworkPolicy selection's compile work: its
+// rules and excepts in the directions its objects isolate.
+func weight(s selection[*endpoints.PolicyEndpoint]) int {
 	n := 0
-	for _, pe := range s.pes {
-		for _, d := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+	for _, pe := range s.objs {
+		for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
 			if !pe.Isolates(d) {
 				continue
 			}
@@ -94,13 +120,13 @@ func (t *policyTemplate) add(e templateEntry) {
 	t.n++
 }
 
-// stamp appends the template's entries for a pod IP to out, from one
-// block: each row points at its template entry.
-func (t *policyTemplate) stamp(out []*PolicyMapEntry, pod netip.Addr) []*PolicyMapEntry {
-	rows := make([]PolicyMapEntry, 0, t.n)
+// stamp appends the template's entries for a pod IP to out, as rows of
+// kind K, from one block: each row points at its template entry.
+func stamp[K entryKind](t *policyTemplate, out []*MapEntry[K], pod netip.Addr) []*MapEntry[K] {
+	rows := make([]MapEntry[K], 0, t.n)
 	for _, b := range t.blocks {
 		for i := range b {
-			rows = append(rows, PolicyMapEntry{Pod: pod, t: &b[i]})
+			rows = append(rows, MapEntry[K]{Pod: pod, t: &b[i]})
 			out = append(out, &rows[len(rows)-1])
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"github.com/cilium/statedb/reconciler"
 )
 
-// Flow control between the deriver and the reconciler of
-// policy-map-entries.
+// Flow control between the deriver and the reconciler of a map-entries
+// table.
 //
 // The reconciler writes the rows to the kernel in revision order, so a row
 // waits for every row committed before it. Were the deriver to write a
@@ -32,7 +32,7 @@ import (
 // revision: the wait goes on for that one, which the reconciler reaches
 // after the first. A transaction that only deletes leaves no row to
 // watch: it probes the reconciler with a row marked Refreshing
-// (policyDeriver.probe).
+// (deriver.probe).
 
 // flowWindow is how many rows, in chunks, may be ahead of the reconciler
 // before the deriver goes on with started work: one chunk being
@@ -74,14 +74,14 @@ func (f *flowControl) add(m reconcileMark) {
 	f.ahead += m.rows
 }
 
-// open drops the marks that are reconciled and reports whether started
-// work may go on: no more than flowWindow chunks of rows are ahead of the
-// reconciler. When not, it returns the channel that closes when the
-// oldest mark's row changes.
-func (f *flowControl) open(txn statedb.ReadTxn, table statedb.Table[*PolicyMapEntry]) (bool, <-chan struct{}) {
+// flowOpen drops the marks of f that are reconciled in table and reports
+// whether started work may go on: no more than flowWindow chunks of rows
+// are ahead of the reconciler. When not, it returns the channel that
+// closes when the oldest mark's row changes.
+func flowOpen[K entryKind](f *flowControl, txn statedb.ReadTxn, table statedb.Table[*MapEntry[K]]) (bool, <-chan struct{}) {
 	for len(f.marks) > 0 {
 		m := f.marks[0]
-		e, _, watch, ok := table.GetWatch(txn, PolicyEntryIndex.Query(m.key))
+		e, _, watch, ok := table.GetWatch(txn, entryQuery[K](m.key))
 		if ok && e.Status.Kind != reconciler.StatusKindDone && e.Status.Kind != reconciler.StatusKindError {
 			if f.ahead <= flowWindow*f.chunkRows() {
 				return true, nil
@@ -99,13 +99,13 @@ func (f *flowControl) open(txn statedb.ReadTxn, table statedb.Table[*PolicyMapEn
 // podWrite is the rows one pod's compilation changes: its stale rows to
 // delete, then its new and changed rows to insert, Pending. A pod whose
 // rows are more than a chunk is written over several transactions.
-type podWrite struct {
+type podWrite[K entryKind] struct {
 	pod   netip.Addr
-	stale []*PolicyMapEntry
-	fresh []*PolicyMapEntry
+	stale []*MapEntry[K]
+	fresh []*MapEntry[K]
 }
 
-func (w *podWrite) rows() int { return len(w.stale) + len(w.fresh) }
+func (w *podWrite[K]) rows() int { return len(w.stale) + len(w.fresh) }
 
 // diffPod compares a pod's desired entries with its rows in before, a
 // snapshot that the current write transaction has not changed for the pod,
@@ -114,16 +114,16 @@ func (w *podWrite) rows() int { return len(w.stale) + len(w.fresh) }
 // read in the snapshot, not in the write transaction: iterating a table in
 // a write transaction freezes its tree, so that every later insert copies
 // each node on its path (for 50,000 pods, 170 MB of copied 256-way nodes).
-func diffPod(before statedb.ReadTxn, table statedb.Table[*PolicyMapEntry], pod netip.Addr, tv TierVersions, done bool,
-	desired []*PolicyMapEntry, alloc func() uint32) (*podWrite, TierVersions, bool) {
+func diffPod[K entryKind](before statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr, tv TierVersions, done bool,
+	desired []*MapEntry[K], alloc func() uint32) (*podWrite[K], TierVersions, bool) {
 	fresh, stale, next, changed := versionDiff(podRows(before, table, pod), tv, done, desired, alloc)
-	return &podWrite{pod: pod, stale: stale, fresh: fresh}, next, changed
+	return &podWrite[K]{pod: pod, stale: stale, fresh: fresh}, next, changed
 }
 
 // podRows are a pod's rows in txn.
-func podRows(txn statedb.ReadTxn, table statedb.Table[*PolicyMapEntry], pod netip.Addr) iter.Seq[*PolicyMapEntry] {
-	return func(yield func(*PolicyMapEntry) bool) {
-		for e := range table.Prefix(txn, PodEntries(pod)) {
+func podRows[K entryKind](txn statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr) iter.Seq[*MapEntry[K]] {
+	return func(yield func(*MapEntry[K]) bool) {
+		for e := range table.Prefix(txn, podEntries[K](pod)) {
 			if !yield(e) {
 				return
 			}
@@ -134,7 +134,7 @@ func podRows(txn statedb.ReadTxn, table statedb.Table[*PolicyMapEntry], pod neti
 // write writes up to limit of the pod's rows in wtxn, deletions first (so
 // that a map near full has room for the insertions). It returns how many
 // it wrote and the last row inserted, nil if none.
-func (w *podWrite) write(wtxn statedb.WriteTxn, table statedb.RWTable[*PolicyMapEntry], limit int) (n int, last *PolicyMapEntry) {
+func (w *podWrite[K]) write(wtxn statedb.WriteTxn, table statedb.RWTable[*MapEntry[K]], limit int) (n int, last *MapEntry[K]) {
 	for ; n < limit && len(w.stale) > 0; n++ {
 		table.Delete(wtxn, w.stale[0])
 		w.stale[0] = nil
@@ -158,25 +158,25 @@ func (w *podWrite) write(wtxn statedb.WriteTxn, table statedb.RWTable[*PolicyMap
 // batch's last pod (in before, the snapshot of the transaction's start).
 // None (the rest of the work only inserts, where the next transaction
 // leaves a row to watch), it returns false.
-func (d *policyDeriver) probe(wtxn statedb.WriteTxn, before statedb.ReadTxn) (PolicyEntryKey, bool) {
+func (d *deriver[T, K]) probe(wtxn statedb.WriteTxn, before statedb.ReadTxn) (PolicyEntryKey, bool) {
 	b := d.queue.front()
 	if b == nil {
 		return PolicyEntryKey{}, false
 	}
-	var row *PolicyMapEntry
+	var row *MapEntry[K]
 	if w := b.partial; w != nil {
 		if len(w.stale) > 0 {
 			row = w.stale[len(w.stale)-1]
 		}
 	} else if len(b.pods) > 0 {
-		for e := range d.entries.Prefix(before, PodEntries(b.pods[len(b.pods)-1])) {
+		for e := range d.entries.Prefix(before, podEntries[K](b.pods[len(b.pods)-1])) {
 			row = e
 		}
 	}
 	if row == nil {
 		return PolicyEntryKey{}, false
 	}
-	cur, _, ok := d.entries.Get(wtxn, PolicyEntryIndex.Query(row.Key()))
+	cur, _, ok := d.entries.Get(wtxn, entryQuery[K](row.Key()))
 	if !ok {
 		return PolicyEntryKey{}, false
 	}

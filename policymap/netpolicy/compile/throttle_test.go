@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -344,12 +345,12 @@ func TestPrivilegedSmallPolicyNotQueuedBehindALargeOne(t *testing.T) {
 	smallWant := CompilePod(sp, []*endpoints.PolicyEndpoint{small})
 	var largeEgress int
 	for _, e := range largeWant {
-		if e.Map() == bpf.PolicyEgressV4MapName {
+		if e.Map() == policybpf.PolicyEgressV4MapName {
 			largeEgress++
 		}
 	}
-	gate := newGatedMap(h.kernelMaps()[bpf.PolicyEgressV4MapName], smallWant)
-	h.ops.Interpose(bpf.PolicyEgressV4MapName, gate)
+	gate := newGatedMap(h.kernelMaps()[policybpf.PolicyEgressV4MapName], smallWant)
+	h.ops.Interpose(policybpf.PolicyEgressV4MapName, gate)
 	t.Cleanup(gate.open) // before the hive stops
 
 	h.setEndpoints([]*endpoints.PolicyEndpoint{large})

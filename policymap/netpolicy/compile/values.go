@@ -3,27 +3,27 @@ package compile
 import (
 	"encoding/binary"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // Interned map values: the entries of many prefixes share one value per port cover.
 
 // The values every template uses.
 var (
-	denyPorts = newPortValue(bpf.AllowValue())
-	anyPorts  = newPortValue(bpf.AllowValue(bpf.AnyPortEntry))
+	denyPorts = newPortValue(policybpf.AllowValue())
+	anyPorts  = newPortValue(policybpf.AllowValue(policybpf.AnyPortEntry))
 	// notIsolated is the root value of a direction that no selecting
 	// object isolates: the NetworkPolicy decides nothing there, the
 	// Baseline tier and the default do.
-	notIsolated = newPortValue(&bpf.PolicyValue{NotIsolated: true})
+	notIsolated = newPortValue(&policybpf.PolicyValue{NotIsolated: true})
 )
 
 // newPortValue encodes a value. Values are built from sorted, merged port
 // entries: they always encode.
-func newPortValue(v *bpf.PolicyValue) *portValue {
+func newPortValue(v *policybpf.PolicyValue) *portValue {
 	b, chunks, err := v.Encode()
 	if err != nil {
-		return &portValue{bytes: make([]byte, bpf.PolicyValueSize), text: "deny", err: err.Error()}
+		return &portValue{bytes: make([]byte, policybpf.PolicyValueSize), text: "deny", err: err.Error()}
 	}
 	return &portValue{bytes: b, chunks: chunks, text: v.String()}
 }
@@ -31,7 +31,7 @@ func newPortValue(v *bpf.PolicyValue) *portValue {
 // valueInterner shares the values of a template: a value seen before
 // costs no allocation.
 type valueInterner struct {
-	scratch []bpf.PortEntry
+	scratch []policybpf.PortEntry
 	key     []byte
 	seen    map[string]*portValue
 }
@@ -41,7 +41,7 @@ func newValueInterner() *valueInterner {
 }
 
 // value returns the value of the live ports, whatever their number: the
-// intervals past a map value's go in chunks (bpf.PolicyValue).
+// intervals past a map value's go in chunks (policybpf.PolicyValue).
 func (v *valueInterner) value(cover *portCover) *portValue {
 	if cover.count() == 0 {
 		return denyPorts
@@ -56,7 +56,7 @@ func (v *valueInterner) value(cover *portCover) *portValue {
 	if pv, ok := v.seen[string(v.key)]; ok {
 		return pv
 	}
-	pv := newPortValue(bpf.AllowValue(v.scratch...))
+	pv := newPortValue(policybpf.AllowValue(v.scratch...))
 	v.seen[string(v.key)] = pv
 	return pv
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap"
 )
 
@@ -27,11 +28,11 @@ import (
 // tier — and deletes the old version's entries only once that update is
 // Done. A version that cannot be written whole (a full map, an error)
 // never comes into force: the pod keeps the version it has, or, with
-// none, is closed (bpf.PolicyVersionClosed: denied), and health names the
+// none, is closed (policybpf.PolicyVersionClosed: denied), and health names the
 // pod, its objects and the reason until it is written.
 //
 // Versions are numbered for the whole node, from 1; the numbers handed out
-// are recorded in the kernel (bpf.SetPolicyVersionsHighWater) before use,
+// are recorded in the kernel (policybpf.SetPolicyVersionsHighWater) before use,
 // so an agent that restarts never reuses a number whose entries an earlier
 // run may have left behind. The prune of the policy maps keeps the
 // entries of the versions the kernel has in force (keep), so a restart
@@ -75,14 +76,14 @@ func (v *policyVersions) kernelMaps() *policymap.Maps[*PodVersions] { return v.m
 
 // versionsMap is the open versions map, nil before start.
 func (v *policyVersions) versionsMap() bpf.PinnedMap {
-	return v.maps.Opened()[bpf.PolicyVersionsMapName]
+	return v.maps.Opened()[policybpf.PolicyVersionsMapName]
 }
 
 // alloc hands out a new version number.
 func (v *policyVersions) alloc(log *slog.Logger) uint32 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.next == 0 || v.next == bpf.PolicyVersionClosed {
+	if v.next == 0 || v.next == policybpf.PolicyVersionClosed {
 		v.next = 1 // after 4 billion versions
 	}
 	n := v.next
@@ -90,7 +91,7 @@ func (v *policyVersions) alloc(log *slog.Logger) uint32 {
 	if n >= v.highWater || v.highWater-n > versionBlock {
 		hw := n + versionBlock
 		if m := v.versionsMap(); m != nil {
-			if err := bpf.SetPolicyVersionsHighWater(m, hw); err != nil {
+			if err := policybpf.SetPolicyVersionsHighWater(m, hw); err != nil {
 				log.Warn("Cannot record the policy versions handed out: a restart may reuse them", "error", err)
 			}
 		}
@@ -107,7 +108,7 @@ func (v *policyVersions) restore() error {
 	if m == nil {
 		return nil
 	}
-	pods, hw, err := bpf.PolicyVersions(m)
+	pods, hw, err := policybpf.PolicyVersions(m)
 	if err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func (v *policyVersions) restore() error {
 	next := hw
 	for _, vs := range pods {
 		for _, x := range vs {
-			if x != bpf.PolicyVersionClosed && x >= next {
+			if x != policybpf.PolicyVersionClosed && x >= next {
 				next = x + 1
 			}
 		}
@@ -144,11 +145,11 @@ func (v *policyVersions) takeRestored() map[netip.Addr][2]uint32 {
 
 // inForce returns the versions the kernel has in force for a pod.
 func (v *policyVersions) inForce(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, bool) {
-	val := make([]byte, bpf.PolicyVersionValueSize)
-	if err := m.Lookup(bpf.PolicyPodKey(pod), val); err != nil {
+	val := make([]byte, policybpf.PolicyVersionValueSize)
+	if err := m.Lookup(policybpf.PolicyPodKey(pod), val); err != nil {
 		return [2]uint32{}, false
 	}
-	np, cl, err := bpf.DecodePolicyVersions(val)
+	np, cl, err := policybpf.DecodePolicyVersions(val)
 	if err != nil {
 		return [2]uint32{}, false
 	}
@@ -158,7 +159,7 @@ func (v *policyVersions) inForce(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, bo
 // keep is the prune's KeepFunc for the maps of a tier: it keeps the keys
 // of the version the kernel has in force for their pod (and the chunks
 // of their values), which no row may hold after a restart.
-func (v *policyVersions) keep(tier bpf.PolicyTier, kernel func() map[string]bpf.PinnedMap) bpf.KeepFunc {
+func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[string]bpf.PinnedMap) bpf.KeepFunc {
 	return func() func(string, []byte) bool {
 		versions := v.versionsMap()
 		if versions == nil {
@@ -167,7 +168,7 @@ func (v *policyVersions) keep(tier bpf.PolicyTier, kernel func() map[string]bpf.
 		open := kernel()
 		lists := map[string]bool{} // chunk list ids of kept values
 		return func(name string, key []byte) bool {
-			if len(key) == bpf.PolicyChunkKeySize {
+			if len(key) == policybpf.PolicyChunkKeySize {
 				return lists[string(key[:16])]
 			}
 			var f bpf.Family
@@ -180,7 +181,7 @@ func (v *policyVersions) keep(tier bpf.PolicyTier, kernel func() map[string]bpf.
 				return false
 			}
 			pod, version, _, err := bpf.UnmarshalPolicyKeyVersion(f, key)
-			if err != nil || version == bpf.PolicyVersionNone {
+			if err != nil || version == policybpf.PolicyVersionNone {
 				return false
 			}
 			vs, ok := v.inForce(versions, pod)
@@ -188,7 +189,7 @@ func (v *policyVersions) keep(tier bpf.PolicyTier, kernel func() map[string]bpf.
 				return false
 			}
 			if m := open[name]; m != nil {
-				val := make([]byte, bpf.PolicyValueSize)
+				val := make([]byte, policybpf.PolicyValueSize)
 				if err := m.Lookup(key, val); err == nil {
 					lists[string(val[8:24])] = true
 				}
@@ -222,7 +223,7 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool
 	for r := range rows {
 		k := r.Key()
 		switch {
-		case k.Version == tv.Want && tv.Want != bpf.PolicyVersionNone:
+		case k.Version == tv.Want && tv.Want != policybpf.PolicyVersionNone:
 			k.Version = 0
 			current[k] = r
 		case !inForce(k.Version):
@@ -231,7 +232,7 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool
 	}
 	next = tv
 	if done {
-		next.Prev = bpf.PolicyVersionNone
+		next.Prev = policybpf.PolicyVersionNone
 	}
 	same := len(current) == len(desired)
 	for _, d := range desired {
@@ -249,7 +250,7 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool
 			stale = append(stale, r)
 		}
 	}
-	next.Want, next.Rows, next.Failed = bpf.PolicyVersionNone, 0, ""
+	next.Want, next.Rows, next.Failed = policybpf.PolicyVersionNone, 0, ""
 	if len(desired) > 0 {
 		next.Want, next.Rows = alloc(), len(desired)
 		fresh = make([]E, len(desired))
@@ -265,7 +266,7 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool
 func cleanup[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool) (stale []E, next TierVersions) {
 	next = tv
 	if done {
-		next.Prev = bpf.PolicyVersionNone
+		next.Prev = policybpf.PolicyVersionNone
 	}
 	for r := range rows {
 		if v := r.Key().Version; v != tv.Want && v != tv.Active && (done || v != tv.Prev) {
@@ -277,32 +278,20 @@ func cleanup[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool) (s
 
 // needsCleanup lists the pods whose versions row of a tier, in a batch of
 // changes, has a replaced version whose rows may go (Done, Prev set).
-func needsCleanup(batch iter.Seq2[statedb.Change[*PodVersions], statedb.Revision], tier bpf.PolicyTier) []netip.Addr {
+func needsCleanup(batch iter.Seq2[statedb.Change[*PodVersions], statedb.Revision], tier policybpf.PolicyTier) []netip.Addr {
 	var out []netip.Addr
 	for c := range batch {
-		if !c.Deleted && c.Object.Tiers[tier].Prev != bpf.PolicyVersionNone && c.Object.Status.Kind == reconciler.StatusKindDone {
+		if !c.Deleted && c.Object.Tiers[tier].Prev != policybpf.PolicyVersionNone && c.Object.Status.Kind == reconciler.StatusKindDone {
 			out = append(out, c.Object.Pod)
 		}
 	}
 	return out
 }
 
-func (e *PolicyMapEntry) atVersion(v uint32) *PolicyMapEntry {
-	c := *e
-	c.Version, c.Status = v, reconciler.StatusPending()
-	return &c
-}
-
-func (e *ClusterMapEntry) atVersion(v uint32) *ClusterMapEntry {
-	c := *e
-	c.Version, c.Status = v, reconciler.StatusPending()
-	return &c
-}
-
 // setTier records a tier's versions in the pod's row (made if missing),
 // keeping its status: the kernel's entry changes only when the switch
 // changes Active. A row left with no version of any tier goes.
-func setTier(wtxn statedb.WriteTxn, table statedb.RWTable[*PodVersions], pod netip.Addr, tier bpf.PolicyTier, tv TierVersions) {
+func setTier(wtxn statedb.WriteTxn, table statedb.RWTable[*PodVersions], pod netip.Addr, tier policybpf.PolicyTier, tv TierVersions) {
 	row, _, ok := table.Get(wtxn, PodVersionsIndex.Query(pod))
 	if !ok {
 		row = &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
@@ -321,7 +310,7 @@ func setTier(wtxn statedb.WriteTxn, table statedb.RWTable[*PodVersions], pod net
 
 // tierOf reads a pod's versions of a tier in txn, and whether its row is
 // Done (the kernel has Active in force).
-func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier bpf.PolicyTier) (TierVersions, bool) {
+func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier policybpf.PolicyTier) (TierVersions, bool) {
 	row, _, ok := table.Get(txn, PodVersionsIndex.Query(pod))
 	if !ok {
 		return TierVersions{}, true
@@ -332,7 +321,7 @@ func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Ad
 
 // openVersionsMap is the spec of the versions map, for the start hook.
 func versionsMapSpec() (*ebpf.MapSpec, error) {
-	spec, err := bpf.PolicyVersionsSpec()
+	spec, err := policybpf.PolicyVersionsSpec()
 	if err != nil {
 		return nil, fmt.Errorf("versions map: %w", err)
 	}

@@ -2,35 +2,26 @@ package compile
 
 import (
 	"context"
-	"log/slog"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
-	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 type versionsParams struct {
 	cell.In
+	Common registration
 
-	Log        *slog.Logger
-	Lifecycle  cell.Lifecycle
-	Node       nodeconfig.Config
-	Config     policymap.Config
-	Settings   Settings
-	DB         *statedb.DB
-	Jobs       job.Group
 	Versions   statedb.RWTable[*PodVersions]
 	Policy     statedb.RWTable[*PolicyMapEntry]
 	Cluster    statedb.RWTable[*ClusterMapEntry]
 	PEs        statedb.Table[*endpoints.PolicyEndpoint]
 	CPEs       statedb.Table[*endpoints.ClusterPolicyEndpoint]
-	Reconcile  reconciler.Params
 	State      *policyVersions
 	PolicyOps  *policymap.Maps[*PolicyMapEntry]
 	ClusterOps *policymap.Maps[*ClusterMapEntry]
@@ -40,31 +31,32 @@ type versionsParams struct {
 // into it and runs the switch (switch.go). The prunes of both tiers' maps
 // keep the entries of the versions the kernel has in force.
 func registerVersions(p versionsParams) error {
-	if p.Settings.Off != "" {
+	c := p.Common
+	if c.Settings.Off != "" {
 		return nil
 	}
-	wtxn := p.DB.WriteTxn(p.Versions)
+	wtxn := c.DB.WriteTxn(p.Versions)
 	initDone := p.Versions.RegisterInitializer(wtxn, "restore-policy-versions")
 	wtxn.Commit()
-	p.Lifecycle.Append(cell.Hook{
+	c.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
 			spec, err := versionsMapSpec()
 			if err != nil {
 				return err
 			}
-			if err := p.State.maps.Open(p.Log, spec, p.Node.GlobalsDir()); err != nil {
+			if err := p.State.maps.Open(c.Log, spec, c.Node.GlobalsDir()); err != nil {
 				return err
 			}
 			if err := p.State.restore(); err != nil {
 				// Without them, a pod's old entries may be pruned before
 				// its new version is in force: say so, go on with what the
 				// tables say.
-				p.Log.Warn("Cannot read the policy versions in force", "error", err)
+				c.Log.Warn("Cannot read the policy versions in force", "error", err)
 			}
 			// The versions in force go into the table before any deriver
 			// writes a pod's row (they wait for ready).
 			restored := p.State.takeRestored()
-			wtxn := p.DB.WriteTxn(p.Versions)
+			wtxn := c.DB.WriteTxn(p.Versions)
 			for pod, vs := range restored {
 				row := &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
 				for i := range tiers {
@@ -75,7 +67,7 @@ func registerVersions(p versionsParams) error {
 			initDone(wtxn)
 			wtxn.Commit()
 			if len(restored) > 0 {
-				p.Log.Info("Policy versions in force restored", "pods", len(restored))
+				c.Log.Info("Policy versions in force restored", "pods", len(restored))
 			}
 			p.State.markReady()
 			return nil
@@ -85,14 +77,14 @@ func registerVersions(p versionsParams) error {
 			return nil
 		},
 	})
-	p.PolicyOps.SetKeep(p.State.keep(bpf.TierNetworkPolicy, p.PolicyOps.Opened))
-	p.ClusterOps.SetKeep(p.State.keep(bpf.TierCluster, p.ClusterOps.Opened))
-	s := &versionSwitch{log: p.Log, db: p.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,
+	p.PolicyOps.SetKeep(p.State.keep(policybpf.TierNetworkPolicy, p.PolicyOps.Opened))
+	p.ClusterOps.SetKeep(p.State.keep(policybpf.TierCluster, p.ClusterOps.Opened))
+	s := &versionSwitch{log: c.Log, db: c.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,
 		pes: p.PEs, cpes: p.CPEs, state: p.State}
-	p.Jobs.Add(job.OneShot("switch-policy-versions", s.run))
-	p.Jobs.Add(job.Timer("check-policy-versions-pin", func(context.Context) error { return p.State.maps.CheckPins(p.Log) },
-		p.Config.BPFMapRefreshInterval))
-	_, err := policymap.RegisterReconciler(p.Reconcile, p.Jobs, p.Config, "policy-versions", p.Versions,
+	c.Jobs.Add(job.OneShot("switch-policy-versions", s.run))
+	c.Jobs.Add(job.Timer("check-policy-versions-pin", func(context.Context) error { return p.State.maps.CheckPins(c.Log) },
+		c.Config.BPFMapRefreshInterval))
+	_, err := policymap.RegisterReconciler(c.Reconcile, c.Jobs, c.Config, "policy-versions", p.Versions,
 		(*PodVersions).Clone, (*PodVersions).SetStatus, (*PodVersions).GetStatus, p.State.maps.Ops(), p.State.maps.Ops())
 	return err
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // PolicyVersionsTableName is the table of the versions of the pods'
@@ -21,12 +21,12 @@ const PolicyVersionsTableName = "policy-versions"
 
 // tiers are the tiers with a version of their own: the NetworkPolicy maps
 // (policy-map-entries) and the cluster maps (cluster-policy-map-entries).
-var tiers = [...]bpf.PolicyTier{bpf.TierNetworkPolicy, bpf.TierCluster}
+var tiers = [...]policybpf.PolicyTier{policybpf.TierNetworkPolicy, policybpf.TierCluster}
 
 // TierVersions is where a pod's policy of one tier stands.
 type TierVersions struct {
 	// Active is the version in force: the one written to
-	// enimasq_policy_versions (0: none; bpf.PolicyVersionClosed: denied).
+	// enimasq_policy_versions (0: none; policybpf.PolicyVersionClosed: denied).
 	Active uint32
 	// Prev is the version in force before Active, until the row is Done
 	// (the kernel may still use it): its entries stay until then.
@@ -51,9 +51,9 @@ func (t TierVersions) text() string {
 
 func versionText(v uint32) string {
 	switch v {
-	case bpf.PolicyVersionNone:
+	case policybpf.PolicyVersionNone:
 		return "none"
-	case bpf.PolicyVersionClosed:
+	case policybpf.PolicyVersionClosed:
 		return "closed"
 	}
 	return strconv.FormatUint(uint64(v), 10)
@@ -68,10 +68,10 @@ type PodVersions struct {
 	Status reconciler.Status
 }
 
-func (v *PodVersions) MapName() string { return bpf.PolicyVersionsMapName }
-func (v *PodVersions) MapKey() []byte  { return bpf.PolicyPodKey(v.Pod) }
+func (v *PodVersions) MapName() string { return policybpf.PolicyVersionsMapName }
+func (v *PodVersions) MapKey() []byte  { return policybpf.PolicyPodKey(v.Pod) }
 func (v *PodVersions) MapValue() []byte {
-	return bpf.EncodePolicyVersions(v.Tiers[0].Active, v.Tiers[1].Active)
+	return policybpf.EncodePolicyVersions(v.Tiers[0].Active, v.Tiers[1].Active)
 }
 
 func (v *PodVersions) Clone() *PodVersions { c := *v; return &c }

@@ -1,15 +1,11 @@
 package endpoints
 
-import (
-	"github.com/cilium/hive/cell"
-	"github.com/cilium/statedb"
-)
+import "github.com/cilium/hive/cell"
 
-// Cell provides the policy-endpoints and cluster-policy-endpoints tables,
-// each written by one writer (the source, or a test that plays it).
+// Cell provides a table per kind (policy-endpoints and
+// cluster-policy-endpoints), each written by one writer (the source, or a
+// test that plays it).
 var Cell = cell.Group(
-	cell.ProvidePrivate(NewPolicyEndpointsTable),
-	cell.Provide(statedb.RWTable[*PolicyEndpoint].ToTable),
-	cell.ProvidePrivate(NewClusterPolicyEndpointsTable),
-	cell.Provide(statedb.RWTable[*ClusterPolicyEndpoint].ToTable),
+	PolicyEndpoints.Cell(),
+	ClusterPolicyEndpoints.Cell(),
 )

@@ -9,4 +9,11 @@
 // one writer, the source (package source, from files or the API server),
 // and two readers: the compiler (package compile, into the map entries)
 // and enforcement (package enforce, through the pod IPs they select).
+//
+// The tables are written once for every kind (kind.go: Kind, its indexes
+// and cell; Row, what code written once for every kind needs of a row);
+// each kind is its row type and its Kind (kind_pe.go, kind_cpe.go). A
+// third kind costs one such file: its row type, with the methods of Row
+// (Key and Parent say what it is, Common points at the fields every row
+// has), its Kind (newKind with its table name), and a line in Cell.
 package endpoints

@@ -3,7 +3,6 @@ package endpoints
 import (
 	"cmp"
 	"net/netip"
-	"reflect"
 	"slices"
 
 	"github.com/cilium/statedb"
@@ -30,16 +29,6 @@ type Slice interface {
 	Parent() string
 	// PodEntry is the object's entry for a pod IP, if it lists it.
 	PodEntry(netip.Addr) (PodEndpoint, bool)
-}
-
-// samePolicy reports whether two versions of an object compile alike for
-// the pods they both list: they differ at most in their pods and in what
-// does not compile (file, warnings, unknown fields, error text).
-func samePolicy[T any](a, b *T, clear func(*T)) bool {
-	ca, cb := *a, *b
-	clear(&ca)
-	clear(&cb)
-	return reflect.DeepEqual(ca, cb)
 }
 
 // parentIndex indexes the objects of a kind by Parent; an object without

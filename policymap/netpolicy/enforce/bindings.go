@@ -16,7 +16,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -27,7 +27,7 @@ const BindingsTableName = "policy-bindings"
 // host route of the main table to a veth), whatever the pod's policy and
 // whether or not its device carries the programs: the programs drop a
 // packet that claims a local pod's address and did not come from its
-// device (bpf/c/policy.c spoofed()). It is the entry of the address in
+// device (bpf/policybpf/c/policy.c spoofed()). It is the entry of the address in
 // enimasq_policy_pods.
 type Binding struct {
 	Addr    netip.Addr
@@ -108,7 +108,7 @@ func (o *bindingOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []r
 	var movedEntries []*reconciler.BatchEntry[*Binding]
 	for i := range batch {
 		b := batch[i].Object
-		key := bpf.PolicyPodKey(b.Addr)
+		key := policybpf.PolicyPodKey(b.Addr)
 		var old uint32
 		isMoved := pods.Lookup(key, &old) == nil && int(old) != b.Ifindex
 		if err := pods.Put(key, uint32(b.Ifindex)); err != nil {
@@ -128,7 +128,7 @@ func (o *bindingOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []r
 	// Their own connections on the old device, and the other pods'
 	// connections with them as their peer: an address is another pod's
 	// now, which must not inherit them.
-	err = o.forget(func(c bpf.PolicyConnection) bool {
+	err = o.forget(func(c policybpf.PolicyConnection) bool {
 		if ifindex, ok := moved[c.Pod]; ok && int(c.Ifindex) != ifindex {
 			return true
 		}
@@ -164,14 +164,14 @@ func (o *bindingOps) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []r
 	}
 	// The connections go first: a retry after a failure finds the
 	// bindings still there to undo.
-	if err := o.forget(func(c bpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, whys...); err != nil {
+	if err := o.forget(func(c policybpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, whys...); err != nil {
 		setResults(batch, err)
 		return
 	}
 	for i := range batch {
 		b := batch[i].Object
 		batch[i].Result = nil
-		if err := pods.Delete(bpf.PolicyPodKey(b.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := pods.Delete(policybpf.PolicyPodKey(b.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			batch[i].Result = fmt.Errorf("unbind %s from %s: %w", b.Addr, b.Device, err)
 		}
 	}
@@ -204,7 +204,7 @@ func (o *bindingOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Se
 		if err := pods.NextKey(cursor, key); err != nil {
 			break
 		}
-		if addr, ok := bpf.PolicyPodOfKey(key); !ok || bound[addr] == 0 {
+		if addr, ok := policybpf.PolicyPodOfKey(key); !ok || bound[addr] == 0 {
 			stale = append(stale, slices.Clone(key))
 			gone[addr] = true
 		}
@@ -217,13 +217,13 @@ func (o *bindingOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Se
 		}
 	}
 	if !o.swept.Load() {
-		err := o.forget(func(c bpf.PolicyConnection) bool { return bound[c.Pod] != int(c.Ifindex) }, "not bound to their device at start")
+		err := o.forget(func(c policybpf.PolicyConnection) bool { return bound[c.Pod] != int(c.Ifindex) }, "not bound to their device at start")
 		if err == nil {
 			o.swept.Store(true)
 		}
 		errs = append(errs, err)
 	} else if len(gone) > 0 {
-		errs = append(errs, o.forget(func(c bpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, "stale bindings pruned"))
+		errs = append(errs, o.forget(func(c policybpf.PolicyConnection) bool { return gone[c.Pod] || gone[c.Peer] }, "stale bindings pruned"))
 	}
 	return errors.Join(errs...)
 }
@@ -231,13 +231,13 @@ func (o *bindingOps) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Se
 // forget deletes the tracked connections that match, in one walk of the
 // connections whatever the number of pods or devices match names (whys:
 // one reason each, for the log and the error).
-func (o *bindingOps) forget(match func(bpf.PolicyConnection) bool, whys ...string) error {
+func (o *bindingOps) forget(match func(policybpf.PolicyConnection) bool, whys ...string) error {
 	return forgetConnections(o.log, o.progs, match, whys...)
 }
 
 // forgetConnections is one walk of the connection-tracking map that
 // forgets what match names.
-func forgetConnections(log *slog.Logger, progs *programs, match func(bpf.PolicyConnection) bool, whys ...string) error {
+func forgetConnections(log *slog.Logger, progs *programs, match func(policybpf.PolicyConnection) bool, whys ...string) error {
 	ct, err := progs.ct()
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
@@ -256,12 +256,12 @@ func forgetConnections(log *slog.Logger, progs *programs, match func(bpf.PolicyC
 	return nil
 }
 
-// forgetPolicyConnections is bpf.ForgetPolicyConnections; tests count the
+// forgetPolicyConnections is policybpf.ForgetPolicyConnections; tests count the
 // walks.
-var forgetPolicyConnections = bpf.ForgetPolicyConnections
+var forgetPolicyConnections = policybpf.ForgetPolicyConnections
 
 // ct is the connection-tracking map, once the state is open.
-func (p *programs) ct() (*ebpf.Map, error) { return p.stateMap(bpf.PolicyCTMapName) }
+func (p *programs) ct() (*ebpf.Map, error) { return p.stateMap(policybpf.PolicyCTMapName) }
 
 // forgetDevices forgets the connections tracked on devices that no longer
 // carry the programs (by ifindex), but for those of a pod still bound to
@@ -271,11 +271,11 @@ func (o *ops) forgetDevices(devices map[int]bool, whys ...string) error {
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
-	return forgetConnections(o.log, o.progs, func(c bpf.PolicyConnection) bool {
+	return forgetConnections(o.log, o.progs, func(c policybpf.PolicyConnection) bool {
 		if !devices[int(c.Ifindex)] {
 			return false
 		}
 		var ifindex uint32
-		return pods.Lookup(bpf.PolicyPodKey(c.Pod), &ifindex) != nil || ifindex != c.Ifindex
+		return pods.Lookup(policybpf.PolicyPodKey(c.Pod), &ifindex) != nil || ifindex != c.Ifindex
 	}, whys...)
 }

@@ -8,12 +8,15 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
+
+	"github.com/enimasq/enimasq/cells/kernel"
 )
 
 // Cell keeps the policy programs on the pods' devices and every pod
-// address bound to its device. It takes Settings, SelectedPods and
-// PolicyMaps, and provides the policy-attachments and policy-bindings
-// tables and the API that a CNI ADD waits on (*API).
+// address bound to its device. It takes Settings, SelectedPods,
+// PolicyMaps and the kernel-links and kernel-routes tables (cells/kernel),
+// and provides the policy-attachments and policy-bindings tables and the
+// API that a CNI ADD waits on (*API).
 var Cell = cell.Group(
 	cell.ProvidePrivate(NewTable, NewBindingsTable, newVerdicts),
 	cell.Provide(
@@ -39,6 +42,8 @@ type params struct {
 	Lifecycle cell.Lifecycle
 	Reconcile reconciler.Params
 	Observers *observers
+	Links     statedb.Table[*kernel.Link]
+	Routes    statedb.Table[*kernel.Route]
 }
 
 func register(p params) error {
@@ -76,7 +81,8 @@ func register(p params) error {
 		},
 		OnStop: func(cell.HookContext) error { progs.close(); return nil },
 	})
-	d := &deriver{log: p.Log, db: p.DB, table: p.Table, bindings: p.Bindings, pods: p.Pods, settings: p.Settings, initDone: initDone}
+	d := &deriver{log: p.Log, db: p.DB, table: p.Table, bindings: p.Bindings, pods: p.Pods, settings: p.Settings,
+		links: p.Links, routes: p.Routes, initDone: initDone}
 	p.Jobs.Add(job.OneShot("derive-policy-attachments", d.run))
 	o := &ops{log: p.Log, settings: p.Settings, progs: progs}
 	// The links held open go at stop; their pins keep them attached.

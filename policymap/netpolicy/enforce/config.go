@@ -8,7 +8,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // Attach modes (--network-policy-attach).
@@ -26,7 +26,7 @@ type Settings struct {
 	RemoveWhenOff bool
 	// Mode is the enforcing mode: strict attaches to every pod device and
 	// denies a pod no policy selects.
-	Mode bpf.PolicyMode
+	Mode policybpf.PolicyMode
 	// Attach is AttachAuto, AttachTCX or AttachTC.
 	Attach string
 	// GlobalsDir is where the policy maps and the programs' state maps are
@@ -49,11 +49,11 @@ type Settings struct {
 // changes.
 type SelectedPods func(txn statedb.ReadTxn) (pods []netip.Addr, initialized bool, changed <-chan struct{})
 
-// PolicyMaps returns the kernel policy maps by name (bpf.PolicyMapNames),
+// PolicyMaps returns the kernel policy maps by name (policybpf.PolicyMapNames),
 // once they are open.
 type PolicyMaps func(ctx context.Context) (map[string]*ebpf.Map, error)
 
 // ObjectNames names the object that decided a verdict (from the policy
 // tables: a ClusterPolicyEndpoint by its id, the PolicyEndpoints of a
 // NetworkPolicy decision); "" for none.
-type ObjectNames func(d bpf.Direction, q VerdictQuery, res bpf.PolicyResult) string
+type ObjectNames func(d policybpf.Direction, q VerdictQuery, res policybpf.PolicyResult) string

@@ -8,13 +8,13 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/metrics"
 )
 
 // verdictCounters is enimasq_policy_verdicts_total{direction, verdict,
 // tier}: the decisions of the policy programs on the pods' devices, read
-// at scrape from their per-CPU counters (bpf.PolicyVerdictsMapName, pinned
+// at scrape from their per-CPU counters (policybpf.PolicyVerdictsMapName, pinned
 // with the programs' state: they go on across restarts of the agent). All
 // 16 series are there from the first scrape on, at 0 until a packet
 // counts. Not counted: the packets of a connection already allowed, ARP,
@@ -25,9 +25,9 @@ type verdictCounters struct {
 	on   bool // enforcement runs
 
 	mu sync.Mutex
-	// read returns the counters (bpf.ReadPolicyVerdicts of the state
+	// read returns the counters (policybpf.ReadPolicyVerdicts of the state
 	// map); nil until the programs' state is there.
-	read func() ([bpf.PolicyVerdictCounters]uint64, error)
+	read func() ([policybpf.PolicyVerdictCounters]uint64, error)
 }
 
 func newVerdictCounters(s Settings) *verdictCounters {
@@ -53,12 +53,12 @@ func (c *verdictCounters) collectors() metrics.Outs {
 func (c *verdictCounters) readFrom(state func(name string) (*ebpf.Map, error)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.read = func() ([bpf.PolicyVerdictCounters]uint64, error) {
-		m, err := state(bpf.PolicyVerdictsMapName)
+	c.read = func() ([policybpf.PolicyVerdictCounters]uint64, error) {
+		m, err := state(policybpf.PolicyVerdictsMapName)
 		if err != nil {
-			return [bpf.PolicyVerdictCounters]uint64{}, err
+			return [policybpf.PolicyVerdictCounters]uint64{}, err
 		}
-		return bpf.ReadPolicyVerdicts(m)
+		return policybpf.ReadPolicyVerdicts(m)
 	}
 }
 
@@ -78,10 +78,10 @@ func (c *verdictCounters) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for i, n := range counts {
-		egress, deny, step := bpf.VerdictCounterOf(uint32(i))
-		direction, verdict := bpf.Ingress.String(), "allow"
+		egress, deny, step := policybpf.VerdictCounterOf(uint32(i))
+		direction, verdict := policybpf.Ingress.String(), "allow"
 		if egress {
-			direction = bpf.Egress.String()
+			direction = policybpf.Egress.String()
 		}
 		if deny {
 			verdict = "deny"

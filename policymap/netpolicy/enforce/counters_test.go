@@ -11,21 +11,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // verdictsText is the exposition of enimasq_policy_verdicts_total with
-// the given counts (by bpf.VerdictCounterIndex), every series present.
+// the given counts (by policybpf.VerdictCounterIndex), every series present.
 func verdictsText(counts map[uint32]uint64) string {
 	var b strings.Builder
 	b.WriteString("# HELP enimasq_policy_verdicts_total Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny) " +
 		"and the tier that decided (admin, namespace, baseline, default); packets of an allowed connection and drops before the policy are not counted\n")
 	b.WriteString("# TYPE enimasq_policy_verdicts_total counter\n")
 	for _, dir := range []string{"egress", "ingress"} {
-		for _, tier := range []bpf.PolicyStep{bpf.StepAdmin, bpf.StepBaseline, bpf.StepDefault, bpf.StepNamespace} {
+		for _, tier := range []policybpf.PolicyStep{policybpf.StepAdmin, policybpf.StepBaseline, policybpf.StepDefault, policybpf.StepNamespace} {
 			for _, verdict := range []string{"allow", "deny"} {
-				i := bpf.VerdictCounterIndex(dir == "egress", verdict == "deny", tier)
+				i := policybpf.VerdictCounterIndex(dir == "egress", verdict == "deny", tier)
 				fmt.Fprintf(&b, "enimasq_policy_verdicts_total{direction=%q,tier=%q,verdict=%q} %d\n", dir, tier, verdict, counts[i])
 			}
 		}
@@ -47,17 +47,17 @@ func TestVerdictCounters(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
 		t.Errorf("before the state: %d series, %v", n, err)
 	}
-	var counts [bpf.PolicyVerdictCounters]uint64
+	var counts [policybpf.PolicyVerdictCounters]uint64
 	var readErr error
-	c.read = func() ([bpf.PolicyVerdictCounters]uint64, error) { return counts, readErr }
+	c.read = func() ([policybpf.PolicyVerdictCounters]uint64, error) { return counts, readErr }
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(nil))); err != nil {
 		t.Errorf("every series at 0: %v", err)
 	}
 	want := map[uint32]uint64{
-		bpf.VerdictCounterIndex(true, false, bpf.StepNamespace): 12,
-		bpf.VerdictCounterIndex(true, true, bpf.StepAdmin):      3,
-		bpf.VerdictCounterIndex(false, true, bpf.StepDefault):   5,
-		bpf.VerdictCounterIndex(false, false, bpf.StepBaseline): 1 << 40,
+		policybpf.VerdictCounterIndex(true, false, policybpf.StepNamespace): 12,
+		policybpf.VerdictCounterIndex(true, true, policybpf.StepAdmin):      3,
+		policybpf.VerdictCounterIndex(false, true, policybpf.StepDefault):   5,
+		policybpf.VerdictCounterIndex(false, false, policybpf.StepBaseline): 1 << 40,
 	}
 	for i, n := range want {
 		counts[i] = n
@@ -75,7 +75,7 @@ func TestVerdictCounters(t *testing.T) {
 // counters: each decision of the program on the pinned state counts once.
 func TestPrivilegedVerdictCounters(t *testing.T) {
 	celltest.RequireRoot(t)
-	progs, s := privilegedPrograms(t, Settings{Mode: bpf.PolicyModeStandard})
+	progs, s := privilegedPrograms(t, Settings{Mode: policybpf.PolicyModeStandard})
 	c := newVerdictCounters(s)
 	c.readFrom(progs.stateMap)
 	reg := prometheus.NewPedanticRegistry()
@@ -87,19 +87,19 @@ func TestPrivilegedVerdictCounters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frame, _ := bpf.PolicyTestFrame(netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), uint8(bpf.ProtocolUDP), 40000, 53)
+	frame, _ := policybpf.PolicyTestFrame(netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), uint8(policybpf.ProtocolUDP), 40000, 53)
 	for range 5 {
-		if res, err := prog.Run(bpf.Egress, frame); err != nil || !res.Allow || res.Step != bpf.StepDefault {
+		if res, err := prog.Run(policybpf.Egress, frame); err != nil || !res.Allow || res.Step != policybpf.StepDefault {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
-	back, _ := bpf.PolicyTestFrame(netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("10.0.0.5"), uint8(bpf.ProtocolTCP), 40000, 80)
-	if res, err := prog.Run(bpf.Ingress, back); err != nil || !res.Allow {
+	back, _ := policybpf.PolicyTestFrame(netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("10.0.0.5"), uint8(policybpf.ProtocolTCP), 40000, 80)
+	if res, err := prog.Run(policybpf.Ingress, back); err != nil || !res.Allow {
 		t.Fatalf("%+v %v", res, err)
 	}
 	want := map[uint32]uint64{
-		bpf.VerdictCounterIndex(true, false, bpf.StepDefault):  5,
-		bpf.VerdictCounterIndex(false, false, bpf.StepDefault): 1,
+		policybpf.VerdictCounterIndex(true, false, policybpf.StepDefault):  5,
+		policybpf.VerdictCounterIndex(false, false, policybpf.StepDefault): 1,
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(verdictsText(want))); err != nil {
 		t.Error(err)

@@ -2,7 +2,6 @@ package enforce
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -12,10 +11,9 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/cells/nldump"
+	"github.com/enimasq/enimasq/cells/kernel"
 	"github.com/enimasq/enimasq/cells/tablesync"
 )
 
@@ -27,7 +25,8 @@ import (
 // or an outside peer's, source past its own device); and
 // policy-bindings equal to every pod address routed to a veth, whatever its
 // policy. It derives again when the selection changes and when a link or a
-// route comes or goes.
+// route comes or goes: from the kernel-links and kernel-routes tables
+// (cells/kernel), with no subscription or listing of its own.
 type deriver struct {
 	log      *slog.Logger
 	db       *statedb.DB
@@ -35,52 +34,12 @@ type deriver struct {
 	bindings statedb.RWTable[*Binding]
 	pods     SelectedPods
 	settings Settings
+	links    statedb.Table[*kernel.Link]
+	routes   statedb.Table[*kernel.Route]
 	initDone func(statedb.WriteTxn)
 }
 
 func (d *deriver) run(ctx context.Context, health cell.Health) error {
-	done := make(chan struct{})
-	defer close(done)
-	changed := make(chan struct{}, 1)
-	notify := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	links := make(chan netlink.LinkUpdate, 128)
-	routes := make(chan netlink.RouteUpdate, 128)
-	lost := func(error) { notify() }
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{ErrorCallback: lost}); err != nil {
-		return fmt.Errorf("subscribe to link changes: %w", err)
-	}
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{ErrorCallback: lost}); err != nil {
-		return fmt.Errorf("subscribe to route changes: %w", err)
-	}
-	go func() {
-		// Drain both subscriptions until done; one that ends (its socket
-		// failed) is left to the periodic derive.
-		links, routes := links, routes
-		for links != nil || routes != nil {
-			select {
-			case <-done:
-				return
-			case _, ok := <-links:
-				if !ok {
-					links = nil
-					continue
-				}
-				notify()
-			case _, ok := <-routes:
-				if !ok {
-					routes = nil
-					continue
-				}
-				notify()
-			}
-		}
-	}()
-
 	for {
 		txn := d.db.ReadTxn()
 		_, initialized, watch := d.pods(txn)
@@ -95,58 +54,69 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 			}
 			continue
 		}
-		rows, bindings, err := d.desired()
-		if err != nil {
-			health.Degraded("listing the pods' devices", err)
-		} else {
-			wtxn := d.db.WriteTxn(d.table, d.bindings)
-			n := tablesync.Rows[*Attachment, string]{
-				Key:    func(a *Attachment) string { return a.Device },
-				Query:  DeviceIndex.Query,
-				Same:   (*Attachment).sameDesired,
-				Insert: func(a *Attachment) *Attachment { return a.SetStatus(reconciler.StatusPending()) },
-			}.Sync(wtxn, d.table, rows)
-			nb := bindingRows.Sync(wtxn, d.bindings, bindings)
-			if n > 0 || nb > 0 {
-				d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", n,
-					"bindings", len(bindings), "bindings-changed", nb)
+		linksInit, linksInitWatch := d.links.Initialized(txn)
+		routesInit, routesInitWatch := d.routes.Initialized(txn)
+		if !linksInit || !routesInit {
+			// The kernel's links and routes are not listed yet: an empty
+			// list would take the programs off every device.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-linksInitWatch:
+			case <-routesInitWatch:
 			}
-			if d.initDone != nil {
-				d.initDone(wtxn)
-				d.initDone = nil
-			}
-			wtxn.Commit()
-			health.OK(fmt.Sprintf("%d pod devices to enforce on (%s mode)", len(rows), d.settings.Mode))
+			continue
 		}
+		rows, bindings := d.desired(txn)
+		_, linksWatch := d.links.AllWatch(txn)
+		_, routesWatch := d.routes.AllWatch(txn)
+		wtxn := d.db.WriteTxn(d.table, d.bindings)
+		n := tablesync.Rows[*Attachment, string]{
+			Key:    func(a *Attachment) string { return a.Device },
+			Query:  DeviceIndex.Query,
+			Same:   (*Attachment).sameDesired,
+			Insert: func(a *Attachment) *Attachment { return a.SetStatus(reconciler.StatusPending()) },
+		}.Sync(wtxn, d.table, rows)
+		nb := bindingRows.Sync(wtxn, d.bindings, bindings)
+		if n > 0 || nb > 0 {
+			d.log.Debug("Pod devices to enforce on changed", "devices", len(rows), "rows-changed", n,
+				"bindings", len(bindings), "bindings-changed", nb)
+		}
+		if d.initDone != nil {
+			d.initDone(wtxn)
+			d.initDone = nil
+		}
+		wtxn.Commit()
+		health.OK(fmt.Sprintf("%d pod devices to enforce on (%s mode)", len(rows), d.settings.Mode))
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-watch:
-		case <-changed:
-			// A burst of changes (a pod's veth and routes made) is one
-			// derive.
-			time.Sleep(2 * time.Millisecond)
-			select {
-			case <-changed:
-			default:
-			}
-		case <-time.After(d.settings.CheckInterval):
-			// Notifications lost without an error: derive anyway.
+		case <-linksWatch:
+			settle()
+		case <-routesWatch:
+			settle()
 		}
 	}
 }
 
+// settle lets a burst of kernel changes (a pod's veth and routes made) land
+// in the tables before the next derive: a burst is one derive. Lost
+// notifications are cells/kernel's to make up for (it lists again).
+func settle() { time.Sleep(2 * time.Millisecond) }
+
 // desired lists the attachments: one per veth that host routes of the main
 // table to pods lead to, with every pod address routed to it; and the
-// bindings: every pod address routed to a veth.
-func (d *deriver) desired() ([]*Attachment, []*Binding, error) {
-	routes, err := nldump.RoutesFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, nil, fmt.Errorf("ip route list: %w", err)
+// bindings: every pod address routed to a veth. It reads kernel-routes and
+// kernel-links (cells/kernel).
+func (d *deriver) desired(txn statedb.ReadTxn) ([]*Attachment, []*Binding) {
+	var routes []*kernel.Route
+	for r := range d.routes.List(txn, kernel.RouteTableIndex.Query(unix.RT_TABLE_MAIN)) {
+		routes = append(routes, r)
 	}
 	// The lowest metric wins where an address is routed twice, as in the
 	// kernel's lookup; then the lowest ifindex.
-	slices.SortStableFunc(routes, func(a, b netlink.Route) int {
+	slices.SortStableFunc(routes, func(a, b *kernel.Route) int {
 		if a.Priority != b.Priority {
 			return a.Priority - b.Priority
 		}
@@ -169,19 +139,14 @@ func (d *deriver) desired() ([]*Attachment, []*Binding, error) {
 		}
 		a := byIndex[r.LinkIndex]
 		if a == nil {
-			link, err := netlink.LinkByIndex(r.LinkIndex)
-			if errors.As(err, new(netlink.LinkNotFoundError)) {
+			link, _, found := d.links.Get(txn, kernel.LinkIndex.Query(r.LinkIndex))
+			if !found {
 				continue // gone meanwhile
 			}
-			if err != nil {
-				// Not known to be gone: keep the rows as they are (a row
-				// dropped would take the programs off a live device).
-				return nil, nil, fmt.Errorf("ip link show index %d: %w", r.LinkIndex, err)
-			}
-			if link.Type() != "veth" {
+			if link.Type != "veth" {
 				continue // not a pod's device
 			}
-			a = &Attachment{Device: link.Attrs().Name, Ifindex: r.LinkIndex}
+			a = &Attachment{Device: link.Name, Ifindex: r.LinkIndex}
 			byIndex[r.LinkIndex] = a
 		}
 		a.Pods = append(a.Pods, addr)
@@ -198,5 +163,5 @@ func (d *deriver) desired() ([]*Attachment, []*Binding, error) {
 		bindings = append(bindings, b)
 	}
 	slices.SortFunc(bindings, func(a, b *Binding) int { return a.Addr.Compare(b.Addr) })
-	return out, bindings, nil
+	return out, bindings
 }

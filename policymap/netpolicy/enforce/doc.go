@@ -1,4 +1,4 @@
-// Package enforce puts the policy programs (bpf/c/policy.c) on the pods'
+// Package enforce puts the policy programs (bpf/policybpf/c/policy.c) on the pods'
 // devices, so that the policy maps decide real packets: policy_egress on the
 // ingress of a pod's host-side device (what the pod sends), policy_ingress
 // on its egress (what it receives). A pod's device is the one the node's

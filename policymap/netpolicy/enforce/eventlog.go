@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // The log of denied packets is limited per pod and reason: a flood of
@@ -30,7 +30,7 @@ const (
 
 type eventLogKey struct {
 	pod    netip.Addr
-	reason bpf.PolicyReason
+	reason policybpf.PolicyReason
 }
 
 type eventLogBucket struct {

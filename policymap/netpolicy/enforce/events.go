@@ -18,7 +18,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
@@ -64,14 +64,14 @@ type Event struct {
 	Step string `json:"step"`
 	// Object names the deciding object when the agent knows it
 	// ("ClusterPolicyEndpoint/name", the PolicyEndpoints that isolate the
-	// pod); ObjectID is the id the program reported (bpf.ObjectID), 0
+	// pod); ObjectID is the id the program reported (policybpf.ObjectID), 0
 	// when it names none.
 	Object   string `json:"object,omitempty"`
 	ObjectID uint32 `json:"objectId,omitempty"`
-	// Reason is bpf.PolicyReason, as in the verdict API; ReasonText says
+	// Reason is policybpf.PolicyReason, as in the verdict API; ReasonText says
 	// it in words.
-	Reason     bpf.PolicyReason `json:"reason"`
-	ReasonText string           `json:"reasonText"`
+	Reason     policybpf.PolicyReason `json:"reason"`
+	ReasonText string                 `json:"reasonText"`
 	// Device is the pod's host-side device (its name when the agent
 	// attached to it), Ifindex its index.
 	Device  string `json:"device,omitempty"`
@@ -170,19 +170,19 @@ func (e *Events) run(ctx context.Context, health cell.Health, state func(name st
 // read opens the ring buffer and reads it until ctx ends (nil) or reading
 // fails.
 func (e *Events) read(ctx context.Context, health cell.Health, state func(name string) (*ebpf.Map, error)) error {
-	m, err := state(bpf.PolicyEventsMapName)
+	m, err := state(policybpf.PolicyEventsMapName)
 	if err != nil {
 		return err
 	}
 	// The reader's own descriptor: the programs' state maps are closed
 	// at stop, whatever the reader does then.
 	if m, err = m.Clone(); err != nil {
-		return fmt.Errorf("%s: %w", bpf.PolicyEventsMapName, err)
+		return fmt.Errorf("%s: %w", policybpf.PolicyEventsMapName, err)
 	}
 	defer m.Close()
 	rd, err := ringbuf.NewReader(m)
 	if err != nil {
-		return fmt.Errorf("%s: %w", bpf.PolicyEventsMapName, err)
+		return fmt.Errorf("%s: %w", policybpf.PolicyEventsMapName, err)
 	}
 	stop := context.AfterFunc(ctx, func() { rd.Close() })
 	defer stop()
@@ -211,7 +211,7 @@ func (e *Events) read(ctx context.Context, health cell.Health, state func(name s
 			if errors.Is(err, os.ErrClosed) {
 				return ctx.Err()
 			}
-			return fmt.Errorf("read %s: %w", bpf.PolicyEventsMapName, err)
+			return fmt.Errorf("read %s: %w", policybpf.PolicyEventsMapName, err)
 		}
 		if err := e.handle(rec.RawSample); err != nil {
 			e.log.Warn("Could not decode a policy event", "error", err)
@@ -241,7 +241,7 @@ func (e *Events) stop() {
 
 // handle logs, keeps and fans out one record of the ring buffer.
 func (e *Events) handle(raw []byte) error {
-	pe, err := bpf.ParsePolicyEvent(raw)
+	pe, err := policybpf.ParsePolicyEvent(raw)
 	if err != nil {
 		return err
 	}
@@ -253,7 +253,7 @@ func (e *Events) handle(raw []byte) error {
 	logSuppressed(e.log, summaries, now)
 	if logged {
 		e.log.Info("Policy denied",
-			"pod", ev.Pod, "peer", ev.Peer, "protocol", bpf.ProtocolName(uint32(ev.Protocol)),
+			"pod", ev.Pod, "peer", ev.Peer, "protocol", policybpf.ProtocolName(uint32(ev.Protocol)),
 			"sport", ev.SrcPort, "dport", ev.DstPort, "direction", ev.Direction, "step", ev.Step,
 			"object", objectText(ev), "reason", ev.ReasonText, "device", ev.Device)
 	}
@@ -263,16 +263,16 @@ func (e *Events) handle(raw []byte) error {
 
 // event is the agent's report of a program's event: the deciding object
 // and the device named.
-func (e *Events) event(pe bpf.PolicyEvent) Event {
+func (e *Events) event(pe policybpf.PolicyEvent) Event {
 	ev := Event{
 		Time: e.now(), Direction: pe.Direction.String(), Pod: pe.Pod(), Peer: pe.Peer(),
 		Protocol: pe.Protocol, SrcPort: pe.SrcPort, DstPort: pe.DstPort, Step: pe.Step.String(),
 		ObjectID: pe.Object, Reason: pe.Reason, ReasonText: pe.Reason.String(),
 		Device: e.device(pe.Ifindex), Ifindex: pe.Ifindex,
 	}
-	if e.names != nil && pe.Step != bpf.StepNone {
+	if e.names != nil && pe.Step != policybpf.StepNone {
 		q := VerdictQuery{Direction: ev.Direction, Pod: ev.Pod, Peer: ev.Peer, Protocol: uint32(pe.Protocol), Port: pe.DstPort}
-		res := bpf.PolicyResult{Reason: pe.Reason, Step: pe.Step, Object: pe.Object, Interval: -1}
+		res := policybpf.PolicyResult{Reason: pe.Reason, Step: pe.Step, Object: pe.Object, Interval: -1}
 		ev.Object = e.names(pe.Direction, q, res)
 	}
 	return ev

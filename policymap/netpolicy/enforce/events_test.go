@@ -20,7 +20,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/agentapi"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
@@ -71,11 +71,11 @@ const adminDenyAll = 77
 
 // testNames names the Admin object 77, and the PolicyEndpoint of a
 // NetworkPolicy denial.
-func testNames(_ bpf.Direction, q VerdictQuery, res bpf.PolicyResult) string {
+func testNames(_ policybpf.Direction, q VerdictQuery, res policybpf.PolicyResult) string {
 	switch {
 	case res.Object == adminDenyAll:
 		return "ClusterPolicyEndpoint/deny-all"
-	case res.Step == bpf.StepNamespace && !res.Allow:
+	case res.Step == policybpf.StepNamespace && !res.Allow:
 		return "PolicyEndpoint/shop/web-" + q.Pod.String()
 	}
 	return ""
@@ -110,13 +110,13 @@ func (env *eventsEnv) attach(device string, ifindex int) {
 	wtxn.Commit()
 }
 
-func testEvent(t *testing.T, dir bpf.Direction, pod, peer string, proto uint8, dport uint16, step bpf.PolicyStep, reason bpf.PolicyReason, object uint32, ifindex uint32) []byte {
+func testEvent(t *testing.T, dir policybpf.Direction, pod, peer string, proto uint8, dport uint16, step policybpf.PolicyStep, reason policybpf.PolicyReason, object uint32, ifindex uint32) []byte {
 	t.Helper()
 	src, dst := netip.MustParseAddr(pod), netip.MustParseAddr(peer)
-	if dir == bpf.Ingress {
+	if dir == policybpf.Ingress {
 		src, dst = dst, src
 	}
-	b, err := bpf.PolicyEvent{Src: src, Dst: dst, Ifindex: ifindex, Object: object, SrcPort: 40000, DstPort: dport,
+	b, err := policybpf.PolicyEvent{Src: src, Dst: dst, Ifindex: ifindex, Object: object, SrcPort: 40000, DstPort: dport,
 		Protocol: proto, Direction: dir, Step: step, Reason: reason}.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -124,16 +124,16 @@ func testEvent(t *testing.T, dir bpf.Direction, pod, peer string, proto uint8, d
 	return b
 }
 
-var eventsOn = Settings{Events: true, Mode: bpf.PolicyModeStandard}
+var eventsOn = Settings{Events: true, Mode: policybpf.PolicyModeStandard}
 
 func TestEventsHandle(t *testing.T) {
 	env := newEventsEnv(t, eventsOn, testNames)
 	env.attach("enq1234", 42)
 	e := env.events
 	for _, raw := range [][]byte{
-		testEvent(t, bpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, bpf.StepAdmin, bpf.PolicyAdminDeny, adminDenyAll, 42),
-		testEvent(t, bpf.Ingress, "10.0.0.5", "10.1.2.3", 6, 8080, bpf.StepNamespace, bpf.PolicyDenied, 0, 42),
-		testEvent(t, bpf.Egress, "10.0.0.6", "8.8.8.8", 6, 443, bpf.StepBaseline, bpf.PolicyBaselineDeny, 99, 43),
+		testEvent(t, policybpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, policybpf.StepAdmin, policybpf.PolicyAdminDeny, adminDenyAll, 42),
+		testEvent(t, policybpf.Ingress, "10.0.0.5", "10.1.2.3", 6, 8080, policybpf.StepNamespace, policybpf.PolicyDenied, 0, 42),
+		testEvent(t, policybpf.Egress, "10.0.0.6", "8.8.8.8", 6, 443, policybpf.StepBaseline, policybpf.PolicyBaselineDeny, 99, 43),
 	} {
 		if err := e.handle(raw); err != nil {
 			t.Fatal(err)
@@ -149,7 +149,7 @@ func TestEventsHandle(t *testing.T) {
 	want := Event{
 		Time: e.now(), Direction: "egress", Pod: netip.MustParseAddr("10.0.0.5"), Peer: netip.MustParseAddr("10.9.1.1"),
 		Protocol: 17, SrcPort: 40000, DstPort: 53, Step: "admin", Object: "ClusterPolicyEndpoint/deny-all", ObjectID: adminDenyAll,
-		Reason: bpf.PolicyAdminDeny, ReasonText: bpf.PolicyAdminDeny.String(), Device: "enq1234", Ifindex: 42,
+		Reason: policybpf.PolicyAdminDeny, ReasonText: policybpf.PolicyAdminDeny.String(), Device: "enq1234", Ifindex: 42,
 	}
 	if kept[0] != want {
 		t.Errorf("admin deny:\n%+v, want\n%+v", kept[0], want)
@@ -164,7 +164,7 @@ func TestEventsHandle(t *testing.T) {
 		t.Errorf("unknown device: %+v", kept[2])
 	}
 	env.attach("enq5678", 43)
-	e.handle(testEvent(t, bpf.Egress, "10.0.0.6", "8.8.8.8", 6, 443, bpf.StepBaseline, bpf.PolicyBaselineDeny, 99, 43))
+	e.handle(testEvent(t, policybpf.Egress, "10.0.0.6", "8.8.8.8", 6, 443, policybpf.StepBaseline, policybpf.PolicyBaselineDeny, 99, 43))
 	if d := e.Kept()[3].Device; d != "enq5678" {
 		t.Errorf("a device attached since: %q", d)
 	}
@@ -188,16 +188,16 @@ func TestEventsHandle(t *testing.T) {
 func TestEventsWithoutObjectNames(t *testing.T) {
 	env := newEventsEnv(t, eventsOn, nil)
 	e := env.events
-	e.handle(testEvent(t, bpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, bpf.StepAdmin, bpf.PolicyAdminDeny, adminDenyAll, 42))
-	e.handle(testEvent(t, bpf.Egress, "10.0.0.5", "10.9.1.1", 6, 80, bpf.StepDefault, bpf.PolicyStrict, 0, 42))
+	e.handle(testEvent(t, policybpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, policybpf.StepAdmin, policybpf.PolicyAdminDeny, adminDenyAll, 42))
+	e.handle(testEvent(t, policybpf.Egress, "10.0.0.5", "10.9.1.1", 6, 80, policybpf.StepDefault, policybpf.PolicyStrict, 0, 42))
 	// A frame that is not IP: no addresses, no step.
-	raw, _ := bpf.PolicyEvent{Direction: bpf.Egress, Reason: bpf.PolicyMalformed, Ifindex: 42}.MarshalBinary()
+	raw, _ := policybpf.PolicyEvent{Direction: policybpf.Egress, Reason: policybpf.PolicyMalformed, Ifindex: 42}.MarshalBinary()
 	e.handle(raw)
 	kept := e.Kept()
 	if kept[0].Object != "" || kept[0].ObjectID != adminDenyAll {
 		t.Errorf("%+v", kept[0])
 	}
-	if kept[2].Step != "none" || kept[2].Pod.IsValid() || kept[2].Reason != bpf.PolicyMalformed {
+	if kept[2].Step != "none" || kept[2].Pod.IsValid() || kept[2].Reason != policybpf.PolicyMalformed {
 		t.Errorf("not IP: %+v", kept[2])
 	}
 	log := env.log.String()
@@ -276,8 +276,8 @@ func TestEventsAPI(t *testing.T) {
 	e.started = true
 	srv := httptest.NewServer(e)
 	defer srv.Close()
-	e.handle(testEvent(t, bpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, bpf.StepAdmin, bpf.PolicyAdminDeny, adminDenyAll, 42))
-	e.handle(testEvent(t, bpf.Ingress, "2001:db8::5", "2001:db8::9", 6, 443, bpf.StepNamespace, bpf.PolicyDenied, 0, 42))
+	e.handle(testEvent(t, policybpf.Egress, "10.0.0.5", "10.9.1.1", 17, 53, policybpf.StepAdmin, policybpf.PolicyAdminDeny, adminDenyAll, 42))
+	e.handle(testEvent(t, policybpf.Ingress, "2001:db8::5", "2001:db8::9", 6, 443, policybpf.StepNamespace, policybpf.PolicyDenied, 0, 42))
 
 	// follow=false: the kept ones, then the end.
 	resp, err := http.Get(srv.URL + "?follow=false")
@@ -310,8 +310,8 @@ func TestEventsAPI(t *testing.T) {
 	if got := readEvents(t, sc, 2); got[0].Step != "admin" || got[1].Step != "namespace" {
 		t.Errorf("kept: %+v", got)
 	}
-	e.handle(testEvent(t, bpf.Egress, "10.0.0.5", "8.8.8.8", 6, 80, bpf.StepDefault, bpf.PolicyStrict, 0, 42))
-	if got := readEvents(t, sc, 1); got[0].Peer != netip.MustParseAddr("8.8.8.8") || got[0].Reason != bpf.PolicyStrict {
+	e.handle(testEvent(t, policybpf.Egress, "10.0.0.5", "8.8.8.8", 6, 80, policybpf.StepDefault, policybpf.PolicyStrict, 0, 42))
+	if got := readEvents(t, sc, 1); got[0].Peer != netip.MustParseAddr("8.8.8.8") || got[0].Reason != policybpf.PolicyStrict {
 		t.Errorf("followed: %+v", got)
 	}
 	cancel()
@@ -401,7 +401,7 @@ func privilegedPrograms(t testing.TB, s Settings) (*programs, Settings) {
 // on the pinned state denies is logged, kept and served.
 func TestPrivilegedEvents(t *testing.T) {
 	celltest.RequireRoot(t)
-	progs, s := privilegedPrograms(t, Settings{Mode: bpf.PolicyModeStrict, Events: true})
+	progs, s := privilegedPrograms(t, Settings{Mode: policybpf.PolicyModeStrict, Events: true})
 	env := newEventsEnv(t, s, nil)
 	e := env.events
 	e.started = true
@@ -417,16 +417,16 @@ func TestPrivilegedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frame, _ := bpf.PolicyTestFrame(netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), uint8(bpf.ProtocolTCP), 40000, 8443)
+	frame, _ := policybpf.PolicyTestFrame(netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.1.2.3"), uint8(policybpf.ProtocolTCP), 40000, 8443)
 	for range 3 {
-		if res, err := prog.Run(bpf.Egress, frame); err != nil || res.Allow || res.Reason != bpf.PolicyStrict {
+		if res, err := prog.Run(policybpf.Egress, frame); err != nil || res.Allow || res.Reason != policybpf.PolicyStrict {
 			t.Fatalf("strict mode, no policy: %+v %v", res, err)
 		}
 	}
 	waitFor(t, "3 events", func() bool { return len(e.Kept()) == 3 })
 	ev := e.Kept()[0]
 	if ev.Direction != "egress" || ev.Pod != netip.MustParseAddr("10.0.0.5") || ev.Peer != netip.MustParseAddr("10.1.2.3") ||
-		ev.DstPort != 8443 || ev.SrcPort != 40000 || ev.Step != "default" || ev.Reason != bpf.PolicyStrict || ev.Ifindex == 0 {
+		ev.DstPort != 8443 || ev.SrcPort != 40000 || ev.Step != "default" || ev.Reason != policybpf.PolicyStrict || ev.Ifindex == 0 {
 		t.Errorf("%+v", ev)
 	}
 	if n := strings.Count(env.log.String(), `msg="Policy denied" pod=10.0.0.5 peer=10.1.2.3 protocol=tcp sport=40000 dport=8443 direction=egress step=default`); n != 3 {

@@ -14,11 +14,12 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // forgetOneByOne is ForgetPolicyConnections as it was: a walk key by key
 // (BPF_MAP_GET_NEXT_KEY), then a delete a key; the benchmark's "before".
-func forgetOneByOne(m *ebpf.Map, forget func(bpf.PolicyConnection) bool) (int, error) {
+func forgetOneByOne(m *ebpf.Map, forget func(policybpf.PolicyConnection) bool) (int, error) {
 	var stale [][]byte
 	key := make([]byte, m.KeySize())
 	var cursor any
@@ -29,7 +30,7 @@ func forgetOneByOne(m *ebpf.Map, forget func(bpf.PolicyConnection) bool) (int, e
 			}
 			break
 		}
-		if c, ok := bpf.ParsePolicyCTKey(key); !ok || forget(c) {
+		if c, ok := policybpf.ParsePolicyCTKey(key); !ok || forget(c) {
 			stale = append(stale, slices.Clone(key))
 		}
 		cursor = slices.Clone(key)
@@ -50,13 +51,13 @@ func forgetOneByOne(m *ebpf.Map, forget func(bpf.PolicyConnection) bool) (int, e
 // read of the whole map (BPF_MAP_LOOKUP_BATCH) in the same run.
 func BenchmarkForgetManyPods(b *testing.B) {
 	const pods, perPod, gone = 8192, 64, 64
-	progs, _ := privilegedPrograms(b, Settings{Mode: bpf.PolicyModeStandard, ConntrackMax: bpf.PolicyDefaultConntrackMax})
+	progs, _ := privilegedPrograms(b, Settings{Mode: policybpf.PolicyModeStandard, ConntrackMax: policybpf.PolicyDefaultConntrackMax})
 	// Each pod's policy allows UDP 53 to the peer: what it allows is
 	// tracked.
 	policy := map[string]*ebpf.Map{}
-	for _, name := range bpf.PolicyMapNames {
-		d, f, _ := bpf.ParsePolicyMapName(name)
-		m, err := ebpf.NewMap(bpf.PolicyMapSpec(d, f, 2*pods))
+	for _, name := range policybpf.PolicyMapNames {
+		d, f, _ := policybpf.ParsePolicyMapName(name)
+		m, err := ebpf.NewMap(policybpf.PolicyMapSpec(d, f, 2*pods))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -64,10 +65,10 @@ func BenchmarkForgetManyPods(b *testing.B) {
 		policy[name] = m
 	}
 	progs.maps = func(context.Context) (map[string]*ebpf.Map, error) { return policy, nil }
-	val, _, _ := bpf.AllowValue(bpf.PortEntry{Protocol: bpf.ProtocolUDP, StartPort: 53}).Encode()
+	val, _, _ := policybpf.AllowValue(policybpf.PortEntry{Protocol: policybpf.ProtocolUDP, StartPort: 53}).Encode()
 	for i := range pods {
 		key, _ := bpf.EncodePolicyKey(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), netip.MustParsePrefix("10.200.0.1/32"))
-		if err := policy[bpf.PolicyEgressV4MapName].Put(key, val); err != nil {
+		if err := policy[policybpf.PolicyEgressV4MapName].Put(key, val); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -83,8 +84,8 @@ func BenchmarkForgetManyPods(b *testing.B) {
 	podAddr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}) }
 	open := func(i int) {
 		for c := range perPod {
-			frame, _ := bpf.PolicyTestFrame(podAddr(i), peer, uint8(bpf.ProtocolUDP), uint16(30000+c), 53)
-			if res, err := prog.Run(bpf.Egress, frame); err != nil || !res.Allow {
+			frame, _ := policybpf.PolicyTestFrame(podAddr(i), peer, uint8(policybpf.ProtocolUDP), uint16(30000+c), 53)
+			if res, err := prog.Run(policybpf.Egress, frame); err != nil || !res.Allow {
 				b.Fatalf("open a connection: %+v %v", res, err)
 			}
 		}
@@ -93,7 +94,7 @@ func BenchmarkForgetManyPods(b *testing.B) {
 	for i := range pods {
 		open(i)
 	}
-	n, _ := bpf.PolicyConnections(ct)
+	n, _ := policybpf.PolicyConnections(ct)
 	b.Logf("%d connections tracked (map of %d) in %s", n, ct.MaxEntries(), time.Since(start))
 	o := &bindingOps{log: slog.New(slog.DiscardHandler), progs: progs}
 	batch := func() []reconciler.BatchEntry[*Binding] {

@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nldump"
 )
 
@@ -141,7 +141,7 @@ func (o *ops) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision,
 	// map, and an older row of this table must not undo its newer binding
 	// (an IP moved to another device).
 	for _, pod := range a.Pods {
-		err := pods.Update(bpf.PolicyPodKey(pod), uint32(a.Ifindex), ebpf.UpdateNoExist)
+		err := pods.Update(policybpf.PolicyPodKey(pod), uint32(a.Ifindex), ebpf.UpdateNoExist)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("bind %s to %s: %w", pod, a.Device, err)
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // programs holds the loaded policy programs, bound to the policy maps as
@@ -23,11 +23,11 @@ type programs struct {
 
 	mu     sync.Mutex
 	loaded boundPrograms
-	state  map[string]*ebpf.Map // by name: bpf.PolicyStateMapNames
+	state  map[string]*ebpf.Map // by name: policybpf.PolicyStateMapNames
 }
 
 // get returns the programs for the current policy maps.
-func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
+func (p *programs) get(ctx context.Context) (*policybpf.PolicyProgram, error) {
 	maps, err := p.maps(ctx)
 	if err != nil {
 		return nil, err
@@ -49,14 +49,14 @@ func (p *programs) get(ctx context.Context) (*bpf.PolicyProgram, error) {
 // boundPrograms is the policy programs loaded bound to a set of policy
 // maps (the programs of the pods' devices and the verdict API's alike).
 type boundPrograms struct {
-	prog *bpf.PolicyProgram
+	prog *policybpf.PolicyProgram
 	ids  map[string]ebpf.MapID
 }
 
 // bind returns the programs bound to the policy maps and to the state maps
 // state returns, loaded again (the old ones closed) only when a policy map has
 // another ID than when they were loaded; state is asked only then.
-func (b *boundPrograms) bind(policy map[string]*ebpf.Map, state func() (map[string]*ebpf.Map, error)) (*bpf.PolicyProgram, error) {
+func (b *boundPrograms) bind(policy map[string]*ebpf.Map, state func() (map[string]*ebpf.Map, error)) (*policybpf.PolicyProgram, error) {
 	ids := map[string]ebpf.MapID{}
 	for name, m := range policy {
 		info, err := m.Info()
@@ -76,7 +76,7 @@ func (b *boundPrograms) bind(policy map[string]*ebpf.Map, state func() (map[stri
 	for name, m := range policy {
 		all[name] = m
 	}
-	prog, err := bpf.LoadPolicyProgram(all)
+	prog, err := policybpf.LoadPolicyProgram(all)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (b *boundPrograms) close() {
 	}
 }
 
-// openState opens the pinned state maps (bpf.PolicyStateMapNames: made
+// openState opens the pinned state maps (policybpf.PolicyStateMapNames: made
 // and pinned the first time, kept across restarts) and writes the mode.
 func (p *programs) openState() (map[string]*ebpf.Map, error) {
 	if err := os.MkdirAll(p.settings.GlobalsDir, 0o700); err != nil {
@@ -104,13 +104,13 @@ func (p *programs) openState() (map[string]*ebpf.Map, error) {
 			o.Close()
 		}
 	}
-	for _, name := range bpf.PolicyStateMapNames() {
-		spec, err := bpf.PolicyStateSpec(name)
+	for _, name := range policybpf.PolicyStateMapNames() {
+		spec, err := policybpf.PolicyStateSpec(name)
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		if name == bpf.PolicyCTMapName && p.settings.ConntrackMax > 0 {
+		if name == policybpf.PolicyCTMapName && p.settings.ConntrackMax > 0 {
 			// Another size than the pinned map's is another map: the
 			// pin is replaced (ErrMapIncompatible below), its
 			// connections lost.
@@ -131,9 +131,9 @@ func (p *programs) openState() (map[string]*ebpf.Map, error) {
 	}
 	mode := p.settings.Mode
 	if p.settings.Events {
-		mode |= bpf.PolicyModeEvents
+		mode |= policybpf.PolicyModeEvents
 	}
-	if err := bpf.SetPolicyMode(out[bpf.PolicyModeMapName], mode); err != nil {
+	if err := policybpf.SetPolicyMode(out[policybpf.PolicyModeMapName], mode); err != nil {
 		closeAll()
 		return nil, err
 	}
@@ -179,9 +179,9 @@ func sameIDs(a, b map[string]ebpf.MapID) bool {
 }
 
 // pods is the map of the devices' pods, once the state is open.
-func (p *programs) pods() (*ebpf.Map, error) { return p.stateMap(bpf.PolicyPodsMapName) }
+func (p *programs) pods() (*ebpf.Map, error) { return p.stateMap(policybpf.PolicyPodsMapName) }
 
-// stateMap is a state map (bpf.PolicyStateMapNames), once the state is
+// stateMap is a state map (policybpf.PolicyStateMapNames), once the state is
 // open: the verdict counters and events are read from theirs.
 func (p *programs) stateMap(name string) (*ebpf.Map, error) {
 	if err := p.start(); err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // tcxLinks are the tcx links the agent holds open, by device and side: a
@@ -306,7 +306,7 @@ func (o *ops) forgetBypassed(a *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("policy programs: %w", err)
 	}
-	n, err := forgetPolicyConnections(ct, func(c bpf.PolicyConnection) bool { return int(c.Ifindex) == a.Ifindex })
+	n, err := forgetPolicyConnections(ct, func(c policybpf.PolicyConnection) bool { return int(c.Ifindex) == a.Ifindex })
 	o.log.Info("Forgot the connections tracked on the device while a foreign program was ahead",
 		"device", a.Device, "ifindex", a.Ifindex, "connections", n)
 	if err != nil {

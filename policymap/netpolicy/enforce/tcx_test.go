@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -48,9 +48,9 @@ func newTCXEnv(t *testing.T) *tcxEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range bpf.PolicyMapNames {
-		d, f, _ := bpf.ParsePolicyMapName(name)
-		m, err := ebpf.NewMap(bpf.PolicyMapSpec(d, f, 16))
+	for _, name := range policybpf.PolicyMapNames {
+		d, f, _ := policybpf.ParsePolicyMapName(name)
+		m, err := ebpf.NewMap(policybpf.PolicyMapSpec(d, f, 16))
 		if err != nil {
 			t.Fatalf("policy map %s: %s", name, err)
 		}
@@ -65,7 +65,7 @@ func newTCXEnv(t *testing.T) *tcxEnv {
 // newOps are the ops of a (re)started agent on the env's bpffs.
 func (e *tcxEnv) newOps() *ops {
 	s := Settings{
-		Mode: bpf.PolicyModeStandard, Attach: AttachTCX, CheckInterval: time.Second,
+		Mode: policybpf.PolicyModeStandard, Attach: AttachTCX, CheckInterval: time.Second,
 		GlobalsDir: filepath.Join(e.bpffs, "globals"), LinksDir: filepath.Join(e.bpffs, "links"),
 	}
 	o := &ops{

@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // countForgets counts the walks of the connection-tracking map that
@@ -20,8 +20,8 @@ func countForgets(t *testing.T, ifindex int) func() int {
 	var mu sync.Mutex
 	n := 0
 	real := forgetPolicyConnections
-	forgetPolicyConnections = func(m *ebpf.Map, forget func(bpf.PolicyConnection) bool) (int, error) {
-		if forget(bpf.PolicyConnection{Ifindex: uint32(ifindex)}) {
+	forgetPolicyConnections = func(m *ebpf.Map, forget func(policybpf.PolicyConnection) bool) (int, error) {
+		if forget(policybpf.PolicyConnection{Ifindex: uint32(ifindex)}) {
 			mu.Lock()
 			n++
 			mu.Unlock()

@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/agentapi"
 )
 
@@ -50,8 +50,8 @@ type VerdictQuery struct {
 
 // VerdictResult is the program's verdict on one query.
 type VerdictResult struct {
-	Allow  bool             `json:"allow"`
-	Reason bpf.PolicyReason `json:"reason"`
+	Allow  bool                   `json:"allow"`
+	Reason policybpf.PolicyReason `json:"reason"`
 	// Step is the deciding step: admin, namespace, baseline or default.
 	Step string `json:"step"`
 	// Object names the deciding object ("ClusterPolicyEndpoint/name",
@@ -114,14 +114,14 @@ func (v *Verdicts) close() {
 
 // program returns the verdict program for the current policy maps, loaded
 // again only when one was replaced. v.mu is held.
-func (v *Verdicts) program(r *http.Request) (*bpf.PolicyProgram, error) {
+func (v *Verdicts) program(r *http.Request) (*policybpf.PolicyProgram, error) {
 	maps, err := v.maps(r.Context())
 	if err != nil {
 		return nil, err
 	}
 	return v.loaded.bind(maps, func() (map[string]*ebpf.Map, error) {
 		if v.mode == nil {
-			_, spec, err := bpf.PolicyStateSpecs()
+			_, spec, err := policybpf.PolicyStateSpecs()
 			if err != nil {
 				return nil, err
 			}
@@ -130,13 +130,13 @@ func (v *Verdicts) program(r *http.Request) (*bpf.PolicyProgram, error) {
 			if err != nil {
 				return nil, fmt.Errorf("mode map: %w", err)
 			}
-			if err := bpf.SetPolicyMode(mode, v.settings.Mode); err != nil {
+			if err := policybpf.SetPolicyMode(mode, v.settings.Mode); err != nil {
 				mode.Close()
 				return nil, err
 			}
 			v.mode = mode
 		}
-		return map[string]*ebpf.Map{bpf.PolicyModeMapName: v.mode}, nil
+		return map[string]*ebpf.Map{policybpf.PolicyModeMapName: v.mode}, nil
 	})
 }
 
@@ -151,22 +151,22 @@ func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	frames := make([][]byte, len(req.Queries))
-	dirs := make([]bpf.Direction, len(req.Queries))
+	dirs := make([]policybpf.Direction, len(req.Queries))
 	for i, q := range req.Queries {
 		var err error
-		if dirs[i], err = bpf.ParseDirection(q.Direction); err != nil {
+		if dirs[i], err = policybpf.ParseDirection(q.Direction); err != nil {
 			writeError(w, fmt.Errorf("%w: query %d: %w", errInvalid, i, err))
 			return
 		}
 		src, dst := q.Pod, q.Peer
-		if dirs[i] == bpf.Ingress {
+		if dirs[i] == policybpf.Ingress {
 			src, dst = q.Peer, q.Pod
 		}
 		if q.Protocol > 255 {
 			writeError(w, fmt.Errorf("%w: query %d: protocol %d", errInvalid, i, q.Protocol))
 			return
 		}
-		if frames[i], err = bpf.PolicyTestFrame(src.Unmap(), dst.Unmap(), uint8(q.Protocol), 40000, q.Port); err != nil {
+		if frames[i], err = policybpf.PolicyTestFrame(src.Unmap(), dst.Unmap(), uint8(q.Protocol), 40000, q.Port); err != nil {
 			writeError(w, fmt.Errorf("%w: query %d: %w", errInvalid, i, err))
 			return
 		}

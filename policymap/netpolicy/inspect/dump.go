@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/prefixorder"
 )
 
@@ -21,7 +22,7 @@ type KernelPolicyEntry struct {
 	Map   string
 	Pod   netip.Addr
 	Peer  netip.Prefix
-	Value bpf.PolicyValue
+	Value policybpf.PolicyValue
 	// Version is the version of the pod's policy the key belongs to, and
 	// InForce whether it is the one the kernel has in force for the pod
 	// (enimasq_policy_versions): only those decide.
@@ -42,7 +43,7 @@ func (e KernelPolicyEntry) String() string {
 // Ports is the value as text: a NetworkPolicy value's ports, a cluster
 // value's intervals with the winners of both tiers.
 func (e KernelPolicyEntry) Ports() string {
-	if slices.Contains(bpf.ClusterMapNames, e.Map) {
+	if slices.Contains(policybpf.ClusterMapNames, e.Map) {
 		return e.Value.TiersString()
 	}
 	return e.Value.String()
@@ -54,22 +55,22 @@ func (e KernelPolicyEntry) Ports() string {
 // error), each marked in force or not by versions (the versions map; nil:
 // version 0 is). With a valid pod, only that pod's entries.
 func ListPolicyMap(name string, m, chunks, versions bpf.LookupMap, pod netip.Addr) ([]KernelPolicyEntry, error) {
-	tier := bpf.TierNetworkPolicy
-	_, fam, err := bpf.ParsePolicyMapName(name)
+	tier := policybpf.TierNetworkPolicy
+	_, fam, err := policybpf.ParsePolicyMapName(name)
 	if err != nil {
-		if _, fam, err = bpf.ParseClusterMapName(name); err != nil {
+		if _, fam, err = policybpf.ParseClusterMapName(name); err != nil {
 			return nil, err
 		}
-		tier = bpf.TierCluster
+		tier = policybpf.TierCluster
 	}
-	inForce := func(netip.Addr) uint32 { return bpf.PolicyVersionNone }
+	inForce := func(netip.Addr) uint32 { return policybpf.PolicyVersionNone }
 	if versions != nil && !bpf.IsNil(versions) {
 		inForce = func(p netip.Addr) uint32 {
-			v := make([]byte, bpf.PolicyVersionValueSize)
-			if err := versions.Lookup(bpf.PolicyPodKey(p), v); err != nil {
-				return bpf.PolicyVersionNone
+			v := make([]byte, policybpf.PolicyVersionValueSize)
+			if err := versions.Lookup(policybpf.PolicyPodKey(p), v); err != nil {
+				return policybpf.PolicyVersionNone
 			}
-			np, cl, _ := bpf.DecodePolicyVersions(v)
+			np, cl, _ := policybpf.DecodePolicyVersions(v)
 			return [2]uint32{np, cl}[tier]
 		}
 	}
@@ -79,7 +80,7 @@ func ListPolicyMap(name string, m, chunks, versions bpf.LookupMap, pod netip.Add
 			v := make([]byte, chunks.ValueSize())
 			if err := chunks.Lookup(key, v); err != nil {
 				if errors.Is(err, ebpf.ErrKeyNotExist) {
-					return nil, bpf.ErrChunkMissing
+					return nil, policybpf.ErrChunkMissing
 				}
 				return nil, err
 			}
@@ -105,7 +106,7 @@ func ListPolicyMap(name string, m, chunks, versions bpf.LookupMap, pod netip.Add
 		} else if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
-		v, err := bpf.UnmarshalPolicyValue(value, lookup)
+		v, err := policybpf.UnmarshalPolicyValue(value, lookup)
 		if err != nil {
 			return nil, fmt.Errorf("%s key %s %s: %w", name, p, peer, err)
 		}
@@ -125,10 +126,10 @@ func ListPolicyMap(name string, m, chunks, versions bpf.LookupMap, pod netip.Add
 
 // ChunksOf is the chunk map of a policy or cluster map.
 func ChunksOf(name string) string {
-	if slices.Contains(bpf.ClusterMapNames, name) {
-		return bpf.ClusterChunksMapName
+	if slices.Contains(policybpf.ClusterMapNames, name) {
+		return policybpf.ClusterChunksMapName
 	}
-	return bpf.PolicyChunksMapName
+	return policybpf.PolicyChunksMapName
 }
 
 // lookupIn returns the map of that name, nil if absent.
@@ -141,16 +142,16 @@ func lookupIn[M bpf.LookupMap](maps map[string]M, name string) bpf.LookupMap {
 }
 
 // ListPolicyMaps lists the given maps (by name; nil maps are skipped) in
-// the order of bpf.PolicyMapNames then bpf.ClusterMapNames, one "map pod
+// the order of policybpf.PolicyMapNames then policybpf.ClusterMapNames, one "map pod
 // peer ports" line per entry.
 func ListPolicyMaps[M bpf.LookupMap](maps map[string]M, pod netip.Addr) (string, error) {
 	var out strings.Builder
-	for _, name := range slices.Concat(bpf.PolicyMapNames, bpf.ClusterMapNames) {
+	for _, name := range slices.Concat(policybpf.PolicyMapNames, policybpf.ClusterMapNames) {
 		m := lookupIn(maps, name)
 		if m == nil {
 			continue
 		}
-		entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, bpf.PolicyVersionsMapName), pod)
+		entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, policybpf.PolicyVersionsMapName), pod)
 		if err != nil {
 			return "", err
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
 // ParseVerdictQuery parses "direction pod peer protocol [port]", e.g.
@@ -18,7 +19,7 @@ func ParseVerdictQuery(args []string) (VerdictQuery, error) {
 	}
 	var q VerdictQuery
 	var err error
-	if q.Direction, err = bpf.ParseDirection(args[0]); err != nil {
+	if q.Direction, err = policybpf.ParseDirection(args[0]); err != nil {
 		return q, err
 	}
 	if q.Pod, err = netip.ParseAddr(args[1]); err != nil {
@@ -27,13 +28,13 @@ func ParseVerdictQuery(args []string) (VerdictQuery, error) {
 	if q.Peer, err = netip.ParseAddr(args[2]); err != nil {
 		return q, fmt.Errorf("peer: %w", err)
 	}
-	if q.Protocol, err = bpf.ParseProtocol(args[3]); err != nil {
+	if q.Protocol, err = policybpf.ParseProtocol(args[3]); err != nil {
 		return q, err
 	}
 	switch {
-	case bpf.PortKnown(q.Protocol) && len(args) != 5:
+	case policybpf.PortKnown(q.Protocol) && len(args) != 5:
 		return q, fmt.Errorf("protocol %s needs a port", args[3])
-	case !bpf.PortKnown(q.Protocol) && len(args) == 5:
+	case !policybpf.PortKnown(q.Protocol) && len(args) == 5:
 		return q, fmt.Errorf("protocol %s has no ports", args[3])
 	case len(args) == 5:
 		port, err := strconv.ParseUint(args[4], 10, 16)
@@ -48,7 +49,7 @@ func ParseVerdictQuery(args []string) (VerdictQuery, error) {
 // VerdictQuery is a packet to judge: the pod, the peer, the direction seen
 // from the pod, and the protocol and destination port.
 type VerdictQuery struct {
-	Direction bpf.Direction
+	Direction policybpf.Direction
 	Pod       netip.Addr
 	Peer      netip.Addr
 	Protocol  uint32
@@ -56,8 +57,8 @@ type VerdictQuery struct {
 }
 
 func (q VerdictQuery) String() string {
-	flow := bpf.ProtocolName(q.Protocol)
-	if q.Protocol == bpf.ProtocolTCP || q.Protocol == bpf.ProtocolUDP || q.Protocol == bpf.ProtocolSCTP {
+	flow := policybpf.ProtocolName(q.Protocol)
+	if q.Protocol == policybpf.ProtocolTCP || q.Protocol == policybpf.ProtocolUDP || q.Protocol == policybpf.ProtocolSCTP {
 		flow = fmt.Sprintf("%s/%d", flow, q.Port)
 	}
 	return fmt.Sprintf("%s %s %s %s", q.Direction, q.Pod, q.Peer, flow)
@@ -67,7 +68,7 @@ func (q VerdictQuery) String() string {
 // it looked at.
 type Verdict struct {
 	Query  VerdictQuery
-	Result bpf.PolicyResult
+	Result policybpf.PolicyResult
 	// Map and Cluster are the NetworkPolicy and cluster maps the program
 	// looked in.
 	Map, Cluster string
@@ -82,9 +83,9 @@ type Verdict struct {
 // decidingEntry is the key whose interval decided, nil for none.
 func (v Verdict) decidingEntry() *KernelPolicyEntry {
 	switch v.Result.Step {
-	case bpf.StepAdmin, bpf.StepBaseline:
+	case policybpf.StepAdmin, policybpf.StepBaseline:
 		return v.ClusterEntry
-	case bpf.StepNamespace:
+	case policybpf.StepNamespace:
 		return v.Entry
 	}
 	return nil
@@ -106,12 +107,12 @@ func (v Verdict) String() string {
 	if e := v.decidingEntry(); e != nil {
 		fmt.Fprintf(&b, " [%s %s: ", e.Map, e.Peer)
 		if i := v.Result.Interval; i >= 0 && i < len(e.Value.Intervals) {
-			b.WriteString(bpf.IntervalText(e.Value.Intervals[i]))
+			b.WriteString(policybpf.IntervalText(e.Value.Intervals[i]))
 		} else {
 			b.WriteString(e.Ports())
 		}
 		b.WriteByte(']')
-	} else if v.Result.Step == bpf.StepDefault && v.Entry == nil && v.ClusterEntry == nil {
+	} else if v.Result.Step == policybpf.StepDefault && v.Entry == nil && v.ClusterEntry == nil {
 		fmt.Fprintf(&b, " (no key for the pod in %s or %s)", v.Map, v.Cluster)
 	}
 	return b.String()
@@ -123,7 +124,7 @@ func longest[M bpf.LookupMap](maps map[string]M, name string, q VerdictQuery) (*
 	if m == nil {
 		return nil, nil
 	}
-	entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, bpf.PolicyVersionsMapName), q.Pod)
+	entries, err := ListPolicyMap(name, m, lookupIn(maps, ChunksOf(name)), lookupIn(maps, policybpf.PolicyVersionsMapName), q.Pod)
 	if err != nil {
 		return nil, err
 	}
@@ -142,13 +143,13 @@ func longest[M bpf.LookupMap](maps map[string]M, name string, q VerdictQuery) (*
 // decided; it fails if they and the program disagree, which would mean the
 // maps changed under the run. With a nil prog (fake maps: no program can
 // run on them) the keys decide alone, as the program would
-// (bpf.EvaluatePolicy, standard mode).
-func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q VerdictQuery) (Verdict, error) {
+// (policybpf.EvaluatePolicy, standard mode).
+func JudgePacket[M bpf.LookupMap](prog *policybpf.PolicyProgram, maps map[string]M, q VerdictQuery) (Verdict, error) {
 	fam := bpf.FamilyOf(q.Pod)
 	if bpf.FamilyOf(q.Peer) != fam {
 		return Verdict{}, fmt.Errorf("pod %s and peer %s: %w", q.Pod, q.Peer, bpf.ErrWrongFamily)
 	}
-	v := Verdict{Query: q, Map: bpf.PolicyMapName(q.Direction, fam), Cluster: bpf.ClusterMapName(q.Direction, fam)}
+	v := Verdict{Query: q, Map: policybpf.PolicyMapName(q.Direction, fam), Cluster: policybpf.ClusterMapName(q.Direction, fam)}
 	var err error
 	if v.Entry, err = longest(maps, v.Map, q); err != nil {
 		return Verdict{}, err
@@ -156,23 +157,23 @@ func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q 
 	if v.ClusterEntry, err = longest(maps, v.Cluster, q); err != nil {
 		return Verdict{}, err
 	}
-	var np, cp *bpf.PolicyValue
+	var np, cp *policybpf.PolicyValue
 	if v.Entry != nil {
 		np = &v.Entry.Value
 	}
 	if v.ClusterEntry != nil {
 		cp = &v.ClusterEntry.Value
 	}
-	model := bpf.EvaluatePolicy(cp, np, bpf.PortPoint(q.Protocol, q.Port, bpf.PortKnown(q.Protocol)), false)
+	model := policybpf.EvaluatePolicy(cp, np, policybpf.PortPoint(q.Protocol, q.Port, policybpf.PortKnown(q.Protocol)), false)
 	if prog == nil {
 		v.Result = model
 		return v, nil
 	}
 	src, dst := q.Pod, q.Peer
-	if q.Direction == bpf.Ingress {
+	if q.Direction == policybpf.Ingress {
 		src, dst = q.Peer, q.Pod
 	}
-	frame, err := bpf.PolicyTestFrame(src, dst, uint8(q.Protocol), 40000, q.Port)
+	frame, err := policybpf.PolicyTestFrame(src, dst, uint8(q.Protocol), 40000, q.Port)
 	if err != nil {
 		return Verdict{}, err
 	}
@@ -180,7 +181,7 @@ func JudgePacket[M bpf.LookupMap](prog *bpf.PolicyProgram, maps map[string]M, q 
 		return Verdict{}, err
 	}
 	// The mode is the program's: compare the steps that do not depend on it.
-	if v.Result.Step != bpf.StepDefault && (v.Result.Allow != model.Allow || v.Result.Step != model.Step || v.Result.Interval != model.Interval) {
+	if v.Result.Step != policybpf.StepDefault && (v.Result.Allow != model.Allow || v.Result.Step != model.Step || v.Result.Interval != model.Interval) {
 		return v, fmt.Errorf("%s: the program says %+v, the pod's longest matching keys say %+v: the maps changed during the run?",
 			q, v.Result, model)
 	}

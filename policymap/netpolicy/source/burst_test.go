@@ -48,10 +48,9 @@ func runningSource(t testing.TB, dir string) (*statedb.DB, statedb.RWTable[*Poli
 	initDone, clusterInitDone := pes.RegisterInitializer(wtxn, "pe"), cpes.RegisterInitializer(wtxn, "cpe")
 	wtxn.Commit()
 	log := slog.New(slog.DiscardHandler)
-	s := newPolicySource(Settings{Path: dir, Resync: time.Hour}, nodeconfig.Config{EnableIPv4: true},
-		filesource.Source[*PolicyEndpoint, string]{Log: log, DB: db, Table: pes, InitDone: initDone, Metrics: metrics.NewSource("pe")},
-		filesource.Source[*ClusterPolicyEndpoint, string]{Log: log, DB: db, Table: cpes, InitDone: clusterInitDone, Metrics: metrics.NewSource("cpe")},
-		newUnknownFieldsCounter())
+	s := newPolicySource(Settings{Path: dir, Resync: time.Hour}, nodeconfig.Config{EnableIPv4: true}, newUnknownFieldsCounter(),
+		newTable(policyEndpoints, filesource.Source[*PolicyEndpoint, string]{Log: log, DB: db, Table: pes, InitDone: initDone, Metrics: metrics.NewSource("pe")}),
+		newTable(clusterPolicyEndpoints, filesource.Source[*ClusterPolicyEndpoint, string]{Log: log, DB: db, Table: cpes, InitDone: clusterInitDone, Metrics: metrics.NewSource("cpe")}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- s.Run(ctx, &celltest.Health{}) }()

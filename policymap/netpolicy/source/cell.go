@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -45,54 +46,57 @@ type params struct {
 	NodeIPs statedb.Table[*nodeips.NodeIP] `optional:"true"`
 }
 
-// register fills both tables from the directory, or from the API server
-// when the client is enabled, in one job (watch-policy-endpoints; the
-// ClusterPolicyEndpoints report on its health scope ClusterScope). Each
-// table has an initializer, done after the first read of the directory
-// (with the API server: once its informer has synced), so that no consumer
-// prunes against a partial state. With Settings.Off both tables are
-// initialized and stay empty.
+// register fills every kind's table from the directory, or from the API
+// server when the client is enabled, in one job (watch-policy-endpoints;
+// each kind but the first reports on its health scope, ClusterScope).
+// Each table has an initializer, done after the first read of the
+// directory (with the API server: once its informer has synced), so that
+// no consumer prunes against a partial state. With Settings.Off the tables
+// are initialized and stay empty.
 func register(p params) error {
 	api := p.Client != nil && p.Client.IsEnabled()
-	initName, clusterInitName := "policy-endpoints-dir", "cluster-policy-endpoints-dir"
-	if api && p.Settings.Off == "" {
-		initName, clusterInitName = "policy-endpoints-api", "cluster-policy-endpoints-api"
+	tables := []kindTable{ // in the order of kinds
+		newTable(policyEndpoints, filesource.Source[*PolicyEndpoint, string]{Log: p.Log, DB: p.DB, Table: p.Table, Metrics: p.Metrics.source}),
+		newTable(clusterPolicyEndpoints, filesource.Source[*ClusterPolicyEndpoint, string]{Log: p.Log, DB: p.DB, Table: p.Clusters, Metrics: p.Metrics.cluster}),
 	}
-	wtxn := p.DB.WriteTxn(p.Table, p.Clusters)
-	initDone := p.Table.RegisterInitializer(wtxn, initName)
-	clusterInitDone := p.Clusters.RegisterInitializer(wtxn, clusterInitName)
+	initSuffix := "-dir"
+	if api && p.Settings.Off == "" {
+		initSuffix = "-api"
+	}
+	metas := make([]statedb.TableMeta, len(tables))
+	for i, t := range tables {
+		metas[i] = t.meta()
+	}
+	wtxn := p.DB.WriteTxn(metas...)
+	for _, t := range tables {
+		t.registerInitializer(wtxn, t.meta().Name()+initSuffix)
+	}
 	if p.Settings.Off != "" {
-		initDone(wtxn)
-		clusterInitDone(wtxn)
+		for _, t := range tables {
+			t.initDone(wtxn)
+		}
 		wtxn.Commit()
 		p.Health.NewScope("policy").OK("No policy maps: " + p.Settings.Off)
 		return nil
 	}
 	wtxn.Commit()
 
-	s := newPolicySource(p.Settings, p.Node, filesource.Source[*PolicyEndpoint, string]{
-		Log: p.Log, DB: p.DB, Table: p.Table, InitDone: initDone, Metrics: p.Metrics.source,
-	}, filesource.Source[*ClusterPolicyEndpoint, string]{
-		Log: p.Log, DB: p.DB, Table: p.Clusters, InitDone: clusterInitDone, Metrics: p.Metrics.cluster,
-	}, p.Metrics.unknown)
-	if api {
-		if p.NodeIPs == nil {
-			return fmt.Errorf("PolicyEndpoints from the API server need the %s table (nodeips.Cell) to tell the pods of this node", nodeips.TableName)
-		}
-		pes := newPolicyK8sSource(s, p.Client, p.NodeIPs)
-		cpes := newClusterK8sSource(s, p.Client, p.NodeIPs)
-		p.Jobs.Add(job.OneShot("watch-policy-endpoints", func(ctx context.Context, health cell.Health) error {
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				cpes.run(ctx, health.NewScope(ClusterScope))
-			}()
-			err := pes.run(ctx, health)
-			<-done
-			return err
-		}))
+	s := newPolicySource(p.Settings, p.Node, p.Metrics.unknown, tables...)
+	if !api {
+		p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.Run))
 		return nil
 	}
-	p.Jobs.Add(job.OneShot("watch-policy-endpoints", s.Run))
+	if p.NodeIPs == nil {
+		return fmt.Errorf("PolicyEndpoints from the API server need the %s table (nodeips.Cell) to tell the pods of this node", nodeips.TableName)
+	}
+	p.Jobs.Add(job.OneShot("watch-policy-endpoints", func(ctx context.Context, health cell.Health) error {
+		var wg sync.WaitGroup
+		for _, t := range tables {
+			h := t.health(health)
+			wg.Go(func() { t.watchAPI(ctx, h, p.Client, p.NodeIPs) })
+		}
+		wg.Wait()
+		return nil
+	}))
 	return nil
 }

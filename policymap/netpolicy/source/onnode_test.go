@@ -26,8 +26,7 @@ func TestOnThisNodeKeepsSlicesOfLocalPolicies(t *testing.T) {
 		"ns/no-pods": {Namespace: "ns", Name: "no-pods"},                        // a stand-in without a policyRef
 	}
 	addrs := map[netip.Addr]bool{here: true}
-	got := onThisNode(all, func(pe *PolicyEndpoint) *PolicyEndpoint { return podsOnNode(pe, addrs) },
-		func(pe *PolicyEndpoint, pods []PodEndpoint) { pe.Pods = pods })
+	got := onThisNode(all, func(pe *PolicyEndpoint) *PolicyEndpoint { return podsOnNode(pe, addrs) })
 	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, []string{"ns/web-a", "ns/web-b", "ns/web-c"}) {
 		t.Fatalf("kept %v", keys)
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
@@ -43,9 +43,9 @@ func TestParseClusterPolicyEndpoint(t *testing.T) {
 		},
 		Ingress: []ClusterRule{
 			{CIDR: p("10.1.0.0/16"), Action: endpoints.ActionDeny},
-			{CIDR: p("fd00::/8"), Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 80}, {Protocol: bpf.ProtocolUDP, Port: 53, EndPort: 54}}, Action: endpoints.ActionAccept},
+			{CIDR: p("fd00::/8"), Ports: []Port{{Protocol: policybpf.ProtocolTCP, Port: 80}, {Protocol: policybpf.ProtocolUDP, Port: 53, EndPort: 54}}, Action: endpoints.ActionAccept},
 		},
-		Egress: []ClusterRule{{CIDR: p("10.2.3.4/32"), Ports: []Port{{Protocol: bpf.ProtocolSCTP}}, Action: endpoints.ActionPass}},
+		Egress: []ClusterRule{{CIDR: p("10.2.3.4/32"), Ports: []Port{{Protocol: policybpf.ProtocolSCTP}}, Action: endpoints.ActionPass}},
 	}}
 	if !reflect.DeepEqual(cpes, want) {
 		t.Errorf("parsed\n%+v\nwant\n%+v", cpes[0], want[0])
@@ -195,10 +195,10 @@ func TestClusterStandIns(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs, err := parsePolicyFile("f.yaml", []byte(tc.file))
-			if err == nil || len(objs) != 1 || objs[0].cpe == nil || objs[0].err == nil {
+			if err == nil || len(objs) != 1 || rowOf[*ClusterPolicyEndpoint](objs[0]) == nil || objs[0].err == nil {
 				t.Fatalf("want one invalid ClusterPolicyEndpoint, got %+v, %v", objs, err)
 			}
-			cpe := resolveClusters(objs, nil)[0]
+			cpe := clusterPolicyEndpoints.resolve(objs, nil)[0]
 			var pods []string
 			for _, p := range cpe.Pods {
 				pods = append(pods, p.PodIP.String())
@@ -225,14 +225,14 @@ func TestResolveClusters(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	out := resolveClusters(objs, good)
+	out := clusterPolicyEndpoints.resolve(objs, good)
 	if len(out) != 2 || out[0].Key() != "c" || len(out[0].Egress) != 1 || out[0].Invalid == "" || out[0].StandIn ||
 		out[1].Key() != "d" || out[1].Pods[0].PodIP.String() != "10.0.0.7" || out[1].Invalid != "" {
 		t.Errorf("resolved %+v", out)
 	}
 	for _, doc := range []string{"kind: ClusterPolicyEndpoint\nmetadata: [\n", "apiVersion: v1\nkind: Foo\n"} {
 		objs, _ = parsePolicyFile("f.yaml", []byte(doc))
-		out = resolveClusters(objs, good)
+		out = clusterPolicyEndpoints.resolve(objs, good)
 		var keys []string
 		for _, cpe := range out {
 			keys = append(keys, cpe.Key())
@@ -267,15 +267,15 @@ func TestClusterPodsOnNode(t *testing.T) {
 		{PodIP: a("10.0.2.1"), HostIP: a("10.0.0.2")},
 		{PodIP: a("10.0.3.1")},
 	}}
-	if got := clusterPodsOnNode(cpe, map[netip.Addr]bool{a("10.0.0.9"): true}); got != nil {
+	if got := podsOnNode(cpe, map[netip.Addr]bool{a("10.0.0.9"): true}); got != nil {
 		t.Errorf("no pod of this node: %v", got)
 	}
-	if got := clusterPodsOnNode(cpe, map[netip.Addr]bool{a("10.0.0.2"): true}); got == nil || len(got.Pods) != 1 || got.Pods[0].PodIP != a("10.0.2.1") || len(cpe.Pods) != 3 {
+	if got := podsOnNode(cpe, map[netip.Addr]bool{a("10.0.0.2"): true}); got == nil || len(got.Pods) != 1 || got.Pods[0].PodIP != a("10.0.2.1") || len(cpe.Pods) != 3 {
 		t.Errorf("one pod of this node: %v", got)
 	}
 	stand := *cpe
 	stand.StandIn = true
-	if got := clusterPodsOnNode(&stand, map[netip.Addr]bool{a("10.0.0.2"): true}); got == nil || len(got.Pods) != 2 {
+	if got := podsOnNode(&stand, map[netip.Addr]bool{a("10.0.0.2"): true}); got == nil || len(got.Pods) != 2 {
 		t.Errorf("a stand-in keeps the pods without a hostIP: %v", got)
 	}
 }
@@ -299,7 +299,7 @@ func encodeClusterPolicyEndpoints(cpes []*ClusterPolicyEndpoint) ([]byte, error)
 		Name      string `json:"name,omitempty"`
 		Namespace string `json:"namespace,omitempty"`
 	}
-	protoName := map[uint32]string{bpf.ProtocolTCP: "TCP", bpf.ProtocolUDP: "UDP", bpf.ProtocolSCTP: "SCTP"}
+	protoName := map[uint32]string{policybpf.ProtocolTCP: "TCP", policybpf.ProtocolUDP: "UDP", policybpf.ProtocolSCTP: "SCTP"}
 	rules := func(rs []ClusterRule) []rule {
 		var out []rule
 		for _, r := range rs {
@@ -358,7 +358,7 @@ func FuzzParseClusterPolicyEndpoints(f *testing.F) {
 		if err != nil {
 			// An invalid file still gives stand-ins that open nothing.
 			objs, _ := parsePolicyFile("fuzz", data)
-			for _, cpe := range resolveClusters(objs, nil) {
+			for _, cpe := range clusterPolicyEndpoints.resolve(objs, nil) {
 				if cpe.Invalid != "" && (!cpe.StandIn || len(cpe.Ingress)+len(cpe.Egress) != 0 || cpe.Tier != endpoints.TierAdmin || cpe.Priority != 0) {
 					t.Fatalf("stand-in %+v", cpe)
 				}

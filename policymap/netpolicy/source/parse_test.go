@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
 )
 
@@ -38,11 +39,11 @@ func TestParseSample(t *testing.T) {
 		Pods: []PodEndpoint{{Name: "web-7d9f8c6b5-abcde", Namespace: "shop",
 			PodIP: netip.MustParseAddr("10.130.100.133"), HostIP: netip.MustParseAddr("10.130.0.10")}},
 		Egress: []Rule{
-			{CIDR: netip.MustParsePrefix("10.130.112.20/32"), Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 8080}}},
+			{CIDR: netip.MustParsePrefix("10.130.112.20/32"), Ports: []Port{{Protocol: policybpf.ProtocolTCP, Port: 8080}}},
 			{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: []netip.Prefix{netip.MustParsePrefix("10.130.0.0/16")},
-				Ports: []Port{{Protocol: bpf.ProtocolUDP, Port: 53}}},
+				Ports: []Port{{Protocol: policybpf.ProtocolUDP, Port: 53}}},
 			{CIDR: netip.MustParsePrefix("::/0"), Except: []netip.Prefix{netip.MustParsePrefix("100::/64"), netip.MustParsePrefix("fe80::/10")},
-				Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 443}}},
+				Ports: []Port{{Protocol: policybpf.ProtocolTCP, Port: 443}}},
 		},
 	}
 	if !reflect.DeepEqual(pe, want) {
@@ -155,7 +156,7 @@ func TestParseWarnings(t *testing.T) {
 			[]string{"spec.podSelectorEndpoints[0]: no hostIP: the node IP is not added for pod IP 10.0.0.5"}, nil},
 		{"bare address cidr", "  podIsolation: [Egress]\n  egress: [{cidr: 10.0.0.7, ports: [{port: 80, endPort: 80}, {protocol: SCTP}]}]\n", nil,
 			func(t *testing.T, pe *PolicyEndpoint) {
-				want := Rule{CIDR: netip.MustParsePrefix("10.0.0.7/32"), Ports: []Port{{Protocol: bpf.ProtocolTCP, Port: 80}, {Protocol: bpf.ProtocolSCTP}}}
+				want := Rule{CIDR: netip.MustParsePrefix("10.0.0.7/32"), Ports: []Port{{Protocol: policybpf.ProtocolTCP, Port: 80}, {Protocol: policybpf.ProtocolSCTP}}}
 				if !reflect.DeepEqual(pe.Egress[0], want) {
 					t.Errorf("%+v", pe.Egress[0])
 				}
@@ -204,7 +205,7 @@ func encodePolicyEndpoints(pes []*PolicyEndpoint) ([]byte, error) {
 		Name      string `json:"name,omitempty"`
 		Namespace string `json:"namespace,omitempty"`
 	}
-	protoName := map[uint32]string{bpf.ProtocolTCP: "TCP", bpf.ProtocolUDP: "UDP", bpf.ProtocolSCTP: "SCTP"}
+	protoName := map[uint32]string{policybpf.ProtocolTCP: "TCP", policybpf.ProtocolUDP: "UDP", policybpf.ProtocolSCTP: "SCTP"}
 	rules := func(rs []Rule) []rule {
 		var out []rule
 		for _, r := range rs {
@@ -305,7 +306,7 @@ func FuzzParsePolicyEndpoints(f *testing.F) {
 			// family.
 			for _, p := range pe.Pods {
 				for _, e := range compile.CompilePod(p.PodIP, []*PolicyEndpoint{pe}) {
-					if _, f, _ := bpf.ParsePolicyMapName(e.Map()); f != bpf.FamilyOf(p.PodIP) {
+					if _, f, _ := policybpf.ParsePolicyMapName(e.Map()); f != bpf.FamilyOf(p.PodIP) {
 						t.Fatalf("entry %v in map %s", e.TableRow(), e.Map())
 					}
 				}

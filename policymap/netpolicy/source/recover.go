@@ -12,25 +12,21 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 )
 
-// Fail closed. An object that is not valid never leaves a pod more open
-// than before: its last good version stays (resolve), and while it has none
-// it is replaced by a stand-in made of what can be read of it (recover): the
-// pods it names, isolated in the directions it names, with no rules, so
-// they are denied everything in those directions but their node (kubelet
-// probes, when the hostIP can be read). What is read, leniently:
+// Fail closed, for every kind. An object that is not valid never leaves a
+// pod more open than before: its last good version stays (resolve), and
+// while it has none it is replaced by a stand-in made of what can be read
+// of it (recover): the pods it names, with no rules, and what its kind
+// reads leniently (kind.lenient: its key, the directions a PolicyEndpoint
+// isolates), which its kind makes deny everything but their node
+// (kind.failClosed). The pods read, leniently, are
+// spec.podSelectorEndpoints[].podIP (and hostIP): each that parses; when
+// the list cannot be read, every "podIP: ADDRESS" of the document's text.
+// A document that is not YAML or JSON is read by its text only.
 //
-//   - metadata.name and namespace, for the key; when they cannot be read,
-//     the key is "FILE#DOCUMENT" (with ".items[I]" for an item of a list),
-//     which no valid object has (a valid key holds a '/');
-//   - spec.podSelectorEndpoints[].podIP (and hostIP): each that parses;
-//     when the list cannot be read, every "podIP: ADDRESS" of the
-//     document's text;
-//   - spec.podIsolation: the directions listed; both when it is missing, is
-//     not a list, or lists anything else;
-//   - spec.policyRef, for the row.
-//
-// A document that is not YAML or JSON is read by its text only: its podIPs,
-// both directions.
+// The kind of a document that cannot be read (not YAML, no kind, a kind of
+// none of kinds) is guessed from its text (guessKinds): a stand-in of each
+// kind it names, the first kind's when it names none; and every last good
+// object of the file, of every kind, stays.
 
 // textPodIP finds the pod IPs of a document that cannot be decoded.
 var textPodIP = regexp.MustCompile(`["']?\bpodIP["']?\s*:\s*["']?([0-9A-Fa-f:.]+)`)
@@ -45,65 +41,68 @@ func standInName(file string, n, item int) string {
 	return name
 }
 
-// recoverText is the stand-in of a document that cannot be decoded.
-func recoverText(file, name string, doc []byte, cause error) *PolicyEndpoint {
-	pe := &PolicyEndpoint{File: file, Name: name, IsolatesIngress: true, IsolatesEgress: true}
-	pe.Pods = podsOfText(doc)
-	return standIn(pe, cause)
+// guessKinds says which kinds a document whose kind cannot be read may be,
+// by the kinds its text names: the first of kinds when it names none.
+func guessKinds(doc []byte) []anyKind {
+	var out []anyKind
+	for _, k := range kinds {
+		if k.mentionedIn(doc) {
+			out = append(out, k)
+		}
+	}
+	if len(out) == 0 {
+		return kinds[:1]
+	}
+	return out
 }
 
-// recoverJSON is the stand-in of an object (its JSON) that is not valid.
-// name is the name to give it when its own cannot be read; key, when not
-// empty, is its key (an object of the API server).
-func recoverJSON(file, name, key string, js []byte, cause error) *PolicyEndpoint {
+// guessedStandIns are the stand-ins of a document (or file) whose kind
+// cannot be read: one of each kind guessKinds gives, named name unless
+// their name can be read.
+func guessedStandIns(file, name string, doc []byte, cause error) []parsedObject {
+	var out []parsedObject
+	for _, k := range guessKinds(doc) {
+		out = append(out, k.guess(file, name, doc, cause))
+	}
+	return out
+}
+
+// standInObject is the stand-in of an object of file (its JSON, or its
+// text) that is not valid, as read.
+func (k *kind[R, T]) standInObject(file, name string, js []byte, cause error, guessed bool) parsedObject {
+	o, anonymous := k.recover(file, name, "", js, cause)
+	return parsedObject{kind: k, row: o, err: cause, guessed: guessed, anonymous: anonymous}
+}
+
+// recover is the stand-in of an object (its JSON, or its text when it is
+// not JSON) that is not valid. name is the name to give it when its own
+// cannot be read (then anonymous); key, when not empty, is its key (an
+// object of the API server).
+func (k *kind[R, T]) recover(file, name, key string, js []byte, cause error) (o T, anonymous bool) {
 	var obj any
 	if json.Unmarshal(js, &obj) != nil {
-		return recoverText(file, name, js, cause)
+		obj, key = nil, "" // read by its text only
 	}
 	m, _ := obj.(map[string]any)
-	pe := &PolicyEndpoint{File: file, Name: name}
 	meta, _ := m["metadata"].(map[string]any)
-	if ns, n := str(meta, "namespace"), str(meta, "name"); validName(ns) && validName(n) {
-		pe.Namespace, pe.Name = ns, n
-	}
-	if ns, n, ok := strings.Cut(key, "/"); ok {
-		pe.Namespace, pe.Name = ns, n
-	}
 	spec, _ := m["spec"].(map[string]any)
-	if ref, _ := spec["policyRef"].(map[string]any); str(ref, "name") != "" {
-		ns := str(ref, "namespace")
-		if ns == "" {
-			ns = pe.Namespace
-		}
-		pe.PolicyRef = ns + "/" + str(ref, "name")
-	}
-	pe.IsolatesIngress, pe.IsolatesEgress = isolationOf(spec["podIsolation"])
+	o = k.lenient(file, name, key, meta, spec)
 	if list, ok := spec["podSelectorEndpoints"].([]any); ok {
-		pe.Pods = podsOfList(list)
+		*o.Common().Pods = podsOfList(list)
 	} else {
-		pe.Pods = podsOfText(js)
+		*o.Common().Pods = podsOfText(js)
 	}
-	return standIn(pe, cause)
+	return k.standIn(o, cause), key == "" && o.Key() == name
 }
 
-// isolationOf reads podIsolation: both directions unless it is a list of
-// Ingress and Egress only.
-func isolationOf(v any) (ingress, egress bool) {
-	list, ok := v.([]any)
-	if !ok {
-		return true, true
-	}
-	for _, t := range list {
-		switch t {
-		case "Ingress":
-			ingress = true
-		case "Egress":
-			egress = true
-		default:
-			return true, true
-		}
-	}
-	return ingress, egress
+// standIn marks o as the stand-in of an object that is not valid: no
+// rules (its kind's failClosed), the cause on the row.
+func (k *kind[R, T]) standIn(o T, cause error) T {
+	what := k.failClosed(o)
+	c := o.Common()
+	*c.Invalid, *c.StandIn = cause.Error(), true
+	*c.Warnings = []string{fmt.Sprintf("not valid and no last good version: its %d pod IPs are %s, until it is valid", len(*c.Pods), what)}
+	return o
 }
 
 // podsOfList reads podSelectorEndpoints: the entries whose podIP parses,
@@ -163,49 +162,38 @@ func validName(s string) bool {
 	return s != "" && len(s) <= maxNameLength && !strings.ContainsAny(s, "/ \t\r\n")
 }
 
-// standIn marks pe as the stand-in of an object that is not valid: no
-// rules, the cause on the row.
-func standIn(pe *PolicyEndpoint, cause error) *PolicyEndpoint {
-	pe.Ingress, pe.Egress = nil, nil
-	pe.Invalid, pe.StandIn = cause.Error(), true
-	pe.Warnings = []string{fmt.Sprintf("not valid and no last good version: its %d pod IPs are isolated in %s, allowing nothing but their node, until it is valid",
-		len(pe.Pods), pe.Isolation())}
-	return pe
-}
-
-// resolve is the PolicyEndpoints a file (or an object of the API server)
-// puts in force from objs, its objects as read, when some are not valid:
-// each valid object; for a key with an invalid copy (or two copies), its
-// last good version in last, or else the union of its copies' stand-ins
-// (pods and isolation). When the key of an object cannot be read, or the
-// kind of one (it may be a PolicyEndpoint), every last good object stays:
-// it may be that one. The ClusterPolicyEndpoints of objs are
-// resolveClusters'.
-func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
-	lastByKey := map[string]*PolicyEndpoint{}
-	for _, pe := range last {
-		lastByKey[pe.Key()] = pe
+// resolve is the objects of the kind a file (or an object of the API
+// server) puts in force from objs, its objects as read, when some are not
+// valid: each valid object; for a key with an invalid copy (or two
+// copies), its last good version in last, or else the union of its
+// copies' stand-ins (their pods, and what the kind joins). When the key of
+// an object of the kind cannot be read, or the kind of one (it may be of
+// this kind), every last good object stays: it may be that one.
+func (k *kind[R, T]) resolve(objs []parsedObject, last []T) []T {
+	lastByKey := map[string]T{}
+	for _, o := range last {
+		lastByKey[o.Key()] = o
 	}
 	var keys []string
 	copies := map[string][]parsedObject{}
 	unknownKey := false
 	for _, o := range objs {
 		unknownKey = unknownKey || (o.err != nil && o.guessed)
-		if o.pe == nil {
+		if _, ok := o.row.(T); !ok {
 			continue
 		}
-		k := o.pe.Key()
-		if copies[k] == nil {
-			keys = append(keys, k)
+		key := o.row.Key()
+		if copies[key] == nil {
+			keys = append(keys, key)
 		}
-		copies[k] = append(copies[k], o)
-		unknownKey = unknownKey || (o.err != nil && o.pe.Namespace == "")
+		copies[key] = append(copies[key], o)
+		unknownKey = unknownKey || (o.err != nil && o.anonymous)
 	}
-	var out []*PolicyEndpoint
-	for _, k := range keys {
-		cs := copies[k]
+	var out []T
+	for _, key := range keys {
+		cs := copies[key]
 		if len(cs) == 1 && cs[0].err == nil {
-			out = append(out, cs[0].pe)
+			out = append(out, rowOf[T](cs[0]))
 			continue
 		}
 		var errs []string
@@ -214,76 +202,44 @@ func resolve(objs []parsedObject, last []*PolicyEndpoint) []*PolicyEndpoint {
 				errs = append(errs, c.err.Error())
 			}
 		}
-		if pe := lastByKey[k]; pe != nil {
-			out = append(out, kept(pe, strings.Join(errs, "; ")))
+		if o, ok := lastByKey[key]; ok {
+			out = append(out, kept(o, strings.Join(errs, "; ")))
 			continue
 		}
-		out = append(out, unionStandIn(cs, strings.Join(errs, "; ")))
+		out = append(out, k.union(cs, strings.Join(errs, "; ")))
 	}
 	if unknownKey {
-		for _, pe := range last {
-			if copies[pe.Key()] == nil {
-				out = append(out, kept(pe, "an object of the file cannot be read: it may be this one"))
+		for _, o := range last {
+			if copies[o.Key()] == nil {
+				out = append(out, kept(o, "an object of the file cannot be read: it may be this one"))
 			}
 		}
 	}
 	return out
 }
 
-// kept is a copy of the last good version pe, kept in force because its
+// kept is a copy of the last good version o, kept in force because its
 // current version is not valid.
-func kept(pe *PolicyEndpoint, why string) *PolicyEndpoint {
-	c := *pe
-	c.Invalid = why
-	c.Warnings = append(slices.Clone(pe.Warnings), "not valid now: its last good version stays in force until it is valid")
-	return &c
+func kept[R any, T row[R]](o T, why string) T {
+	c := withWarnings(o, "not valid now: its last good version stays in force until it is valid")
+	*c.Common().Invalid = why
+	return c
 }
 
-// unionStandIn is the stand-in of a key from all its copies: their pods
-// and the directions any of them isolates.
-func unionStandIn(cs []parsedObject, why string) *PolicyEndpoint {
-	pe := &PolicyEndpoint{Namespace: cs[0].pe.Namespace, Name: cs[0].pe.Name, File: cs[0].pe.File, PolicyRef: cs[0].pe.PolicyRef}
-	for _, c := range cs {
-		pe.Pods = append(pe.Pods, c.pe.Pods...)
-		pe.IsolatesIngress = pe.IsolatesIngress || c.pe.IsolatesIngress
-		pe.IsolatesEgress = pe.IsolatesEgress || c.pe.IsolatesEgress
-	}
-	pe.Pods = uniquePods(pe.Pods)
-	return standIn(pe, fmt.Errorf("%s", why))
-}
-
-// oneLine joins errors (nested errors.Join included) with "; ", so that
-// health names every bad input on one line; errors.Is and As still see
-// each.
-type oneLine []error
-
-func joinErrors(err error) error {
-	var out oneLine
-	var flatten func(error)
-	flatten = func(err error) {
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			for _, e := range j.Unwrap() {
-				flatten(e)
-			}
-			return
-		}
-		if err != nil {
-			out = append(out, err)
+// union is the stand-in of a key from all its copies: the first's
+// identity, their pods, and what the kind joins of each.
+func (k *kind[R, T]) union(cs []parsedObject, why string) T {
+	c := *rowOf[T](cs[0])
+	stand := T(&c)
+	fields := stand.Common()
+	*fields.Pods, *fields.Unknown = nil, nil
+	for _, o := range cs {
+		r := rowOf[T](o)
+		*fields.Pods = append(*fields.Pods, r.PodEntries()...)
+		if k.join != nil {
+			k.join(stand, r)
 		}
 	}
-	flatten(err)
-	if len(out) == 0 {
-		return nil
-	}
-	return out
+	*fields.Pods = uniquePods(*fields.Pods)
+	return k.standIn(stand, fmt.Errorf("%s", why))
 }
-
-func (e oneLine) Error() string {
-	msgs := make([]string, len(e))
-	for i, err := range e {
-		msgs[i] = err.Error()
-	}
-	return strings.Join(msgs, "; ")
-}
-
-func (e oneLine) Unwrap() []error { return e }

@@ -45,7 +45,7 @@ func TestStandIns(t *testing.T) {
 			if err == nil || len(objs) != 1 || objs[0].err == nil {
 				t.Fatalf("want one invalid object, got %+v, %v", objs, err)
 			}
-			pe := resolve(objs, nil)[0]
+			pe := policyEndpoints.resolve(objs, nil)[0]
 			if pe.Key() != tc.key || pe.Isolation() != tc.isolation || pe.PodList() != tc.pods || pe.Pods[0].HostIP.String() != tc.hostIP ||
 				!pe.StandIn || len(pe.Ingress)+len(pe.Egress) != 0 || !strings.Contains(pe.Invalid, tc.invalid) {
 				t.Errorf("stand-in %s %s %s host %s rules %d/%d invalid %q\nwant %s %s %s host %s, no rules, %q",
@@ -70,14 +70,14 @@ func TestResolve(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	out := resolve(objs, good)
+	out := policyEndpoints.resolve(objs, good)
 	if len(out) != 2 || out[0].Key() != "ns/p" || len(out[0].Egress) != 1 || out[0].Invalid == "" || out[0].StandIn ||
 		out[1].Key() != "ns/q" || out[1].PodList() != "10.0.0.7" || out[1].Invalid != "" {
 		t.Errorf("resolved %+v", out)
 	}
 
 	objs, _ = parsePolicyFile("f.yaml", []byte("a: [\n"))
-	out = resolve(objs, good)
+	out = policyEndpoints.resolve(objs, good)
 	var keys []string
 	for _, pe := range out {
 		keys = append(keys, pe.Key())
@@ -95,9 +95,11 @@ func TestPolicySourceRereadsInvalidFile(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "b.yaml"), []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := &policySource{Source: &filesource.Source[*PolicyEndpoint, string]{Dir: dir}, node: nodeconfig.Config{EnableIPv4: true}}
+	pes, cpes := newTable(policyEndpoints, filesource.Source[*PolicyEndpoint, string]{}), newTable(clusterPolicyEndpoints, filesource.Source[*ClusterPolicyEndpoint, string]{})
+	s := newPolicySource(Settings{Path: dir}, nodeconfig.Config{EnableIPv4: true}, nil, pes, cpes)
 	for i := range 3 {
-		pe, cpe := s.read()
+		d := s.read()
+		pe, cpe := pes.result(d), cpes.result(d)
 		in, err := pe.in, pe.err
 		if cpe.err != nil || len(cpe.in.Rows) != 0 {
 			t.Fatalf("read %d: ClusterPolicyEndpoints %+v, %v", i, cpe.in, cpe.err)

@@ -37,7 +37,7 @@ func TestPolicyEndpointFileAndAPI(t *testing.T) {
 	if obj.GetUID() == "" || len(obj.GetManagedFields()) == 0 {
 		t.Fatalf("want the server's metadata in %v", obj.Object)
 	}
-	fromAPI, err := parseAPIObject(obj.GetNamespace()+"/"+obj.GetName(), obj.Object)
+	fromAPI, err := policyEndpoints.parseAPI(obj.GetNamespace()+"/"+obj.GetName(), obj.Object)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ spec:
 	if obj.GetUID() == "" || obj.GetNamespace() != "" || len(obj.GetManagedFields()) == 0 {
 		t.Fatalf("want the server's metadata, no namespace, in %v", obj.Object)
 	}
-	fromAPI, err := parseClusterAPIObject(obj.GetName(), obj.Object)
+	fromAPI, err := clusterPolicyEndpoints.parseAPI(obj.GetName(), obj.Object)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 // The wire shape of networking.k8s.aws/v1alpha1 PolicyEndpoint objects, as
 // the AWS network policy controller writes them, decoded strictly (see
-// decode): every field is listed, an unknown one is an error. An empty
+// decodeObject): every field is listed, an unknown one is an error. An empty
 // string is a missing value.
 
 // policyEndpointObject is one PolicyEndpoint.
@@ -85,9 +85,9 @@ type portInfo struct {
 	EndPort  *int64  `json:"endPort"`
 }
 
-// policyEndpointList is a List or PolicyEndpointList; its items are decoded
-// one by one, so that an error names its object.
-type policyEndpointList struct {
+// objectList is a List, or a list of one kind (PolicyEndpointList); its
+// items are decoded one by one, so that an error names its object.
+type objectList struct {
 	APIVersion string            `json:"apiVersion"`
 	Kind       string            `json:"kind"`
 	Metadata   metav1.ListMeta   `json:"metadata"`
@@ -128,7 +128,7 @@ type clusterPolicyReference struct {
 // clusterEndpointInfo is a rule: a CIDR (or an address) and ports, and
 // what to do with what it matches. DomainName is egress-only (FQDN peers):
 // it is not enforced, and the AWS agent v1.5.0 skips an egress entry
-// without a cidr (see clusterValidator.rules). There are no excepts.
+// without a cidr (see cpeValidator.rules). There are no excepts.
 type clusterEndpointInfo struct {
 	CIDR       string     `json:"cidr"`
 	Ports      []portInfo `json:"ports"`

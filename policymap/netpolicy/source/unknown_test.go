@@ -24,20 +24,22 @@ func TestParseUnknownFieldsAreNamed(t *testing.T) {
 		// What the controller v1.1.10 writes on every ClusterPolicyEndpoint
 		// (api/v1alpha1/clusterpolicyendpoint_types.go: no omitempty).
 		{"controller's subject", clusterMinimal("  subject:\n    namespaces:\n      matchLabels: {team: a}\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress: [{cidr: 10.1.0.0/16, action: Deny}]\n"),
-			[]string{"spec.subject"}, func(o *parsedObject) bool { return len(o.cpe.Egress) == 1 && len(o.cpe.Pods) == 1 }},
+			[]string{"spec.subject"}, func(o *parsedObject) bool {
+				return len(rowOf[*ClusterPolicyEndpoint](*o).Egress) == 1 && len(rowOf[*ClusterPolicyEndpoint](*o).Pods) == 1
+			}},
 		{"cluster policyRef namespace", "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterPolicyEndpoint\nmetadata: {name: c}\nspec: {policyRef: {name: a, namespace: b}, tier: Admin, priority: 1}",
-			[]string{"spec.policyRef.namespace"}, func(o *parsedObject) bool { return o.cpe.PolicyRef == "a" }},
+			[]string{"spec.policyRef.namespace"}, func(o *parsedObject) bool { return rowOf[*ClusterPolicyEndpoint](*o).PolicyRef == "a" }},
 		{"cluster rule field", clusterMinimal("  egress: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16], action: Deny}]\n"),
-			[]string{"spec.egress[0].except"}, func(o *parsedObject) bool { return len(o.cpe.Egress) == 1 }},
+			[]string{"spec.egress[0].except"}, func(o *parsedObject) bool { return len(rowOf[*ClusterPolicyEndpoint](*o).Egress) == 1 }},
 		{"metadata", strings.Replace(minimal(""), "namespace: ns}", "namespace: ns, nmae: x}", 1),
-			[]string{"metadata.nmae"}, func(o *parsedObject) bool { return o.pe.Key() == "ns/p" }},
-		{"spec", minimal("  podIsolation: [Egress]\n  egres: []\n"), []string{"spec.egres"}, func(o *parsedObject) bool { return o.pe.IsolatesEgress }},
+			[]string{"metadata.nmae"}, func(o *parsedObject) bool { return rowOf[*PolicyEndpoint](*o).Key() == "ns/p" }},
+		{"spec", minimal("  podIsolation: [Egress]\n  egres: []\n"), []string{"spec.egres"}, func(o *parsedObject) bool { return rowOf[*PolicyEndpoint](*o).IsolatesEgress }},
 		{"selector", minimal("  podSelector: {matchExpressions: [{key: a, operator: In, value: [b]}]}\n"),
 			[]string{"spec.podSelector.matchExpressions[0].value"}, nil},
 		{"port", minimal("  podIsolation: [Egress]\n  egress: [{cidr: 10.0.0.0/8, ports: [{port: 80, prot: UDP}]}]\n"),
-			[]string{"spec.egress[0].ports[0].prot"}, func(o *parsedObject) bool { return o.pe.Egress[0].Ports[0].Port == 80 }},
+			[]string{"spec.egress[0].ports[0].prot"}, func(o *parsedObject) bool { return rowOf[*PolicyEndpoint](*o).Egress[0].Ports[0].Port == 80 }},
 		{"dotted", minimal("  podSelectorEndpoints: [{podIP: 10.0.0.1, hostIP.x: y}]\n"),
-			[]string{"spec.podSelectorEndpoints[0].hostIP.x"}, func(o *parsedObject) bool { return len(o.pe.Pods) == 1 }},
+			[]string{"spec.podSelectorEndpoints[0].hostIP.x"}, func(o *parsedObject) bool { return len(rowOf[*PolicyEndpoint](*o).Pods) == 1 }},
 		{"list item", "apiVersion: v1\nkind: List\nitems: [{kind: PolicyEndpoint, apiVersion: networking.k8s.aws/v1alpha1, metadata: {name: a, namespace: b}, spec: {policyRef: {name: a}, egress: [{cidr: 10.0.0.0/8, ports: [{port: 80, prot: UDP}]}]}}]",
 			[]string{"items[0].spec.egress[0].ports[0].prot"}, nil},
 	} {
@@ -52,7 +54,7 @@ func TestParseUnknownFieldsAreNamed(t *testing.T) {
 				t.Errorf("unknown fields %q, want %q", unknown, tc.unknown)
 			}
 			if tc.check != nil && !tc.check(o) {
-				t.Errorf("known fields not decoded: %+v %+v", o.pe, o.cpe)
+				t.Errorf("known fields not decoded: %+v %+v", rowOf[*PolicyEndpoint](*o), rowOf[*ClusterPolicyEndpoint](*o))
 			}
 		})
 	}
@@ -65,10 +67,7 @@ func TestParseUnknownFieldsAreNamed(t *testing.T) {
 
 // unknown is the object's unknown fields, of either kind.
 func (o *parsedObject) unknown() []string {
-	if o.cpe != nil {
-		return o.cpe.Unknown
-	}
-	return o.pe.Unknown
+	return *o.row.Common().Unknown
 }
 
 // The source names each object's unknown field once in the log and the

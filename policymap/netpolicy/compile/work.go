@@ -1,0 +1,181 @@
+package compile
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+// A round of the deriver (derive.go): the queued pods recompiled and their
+// rows written, in one transaction of about a chunk.
+
+// work recompiles queued pods in wtxn until about chunkEntries entries are
+// compiled or rows written, or none is left; with onlyFresh, only the work
+// of new changes. It returns the pods and rows written, and the mark of
+// the transaction for the flow control (no rows: nothing to watch).
+func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFresh bool) (pods, written int, mark reconcileMark) {
+	// The rows before this transaction, read from a snapshot: wtxn holds
+	// the table's lock, so nothing else changes them, and this chunk
+	// writes each pod once.
+	var k K
+	before := d.db.ReadTxn()
+	d.unions.reset()
+	chunk := d.flow.chunkRows()
+	d.queue.round++
+	entries := 0
+	var last *MapEntry[K]
+	for entries < chunk && written < chunk {
+		pod, w, b, ok := d.queue.pop(onlyFresh)
+		if !ok {
+			break
+		}
+		if w == nil && d.cleanOnly[pod] {
+			delete(d.cleanOnly, pod)
+			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
+			stale, next := cleanup(podRows(before, d.entries, pod), tv, done)
+			if next != tv {
+				setTier(wtxn, d.versions, pod, k.tier(), next)
+			}
+			w = &podWrite[K]{pod: pod, stale: stale}
+		} else if w == nil {
+			desired, ok := d.desired(ctx, wtxn, pod)
+			if !ok {
+				continue // compiling in the background
+			}
+			entries += len(desired)
+			pods++
+			d.noteBad(pod, desired)
+			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
+			var next TierVersions
+			var changed bool
+			w, next, changed = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
+			if changed && next != tv {
+				setTier(wtxn, d.versions, pod, k.tier(), next)
+			}
+		}
+		limit := chunk - written
+		if w.rows() <= chunk {
+			limit = w.rows() // a pod's rows in one transaction, if they fit in a chunk
+		}
+		n, ins := w.write(wtxn, d.entries, limit)
+		written += n
+		if ins != nil {
+			last = ins
+		}
+		if w.rows() > 0 {
+			d.queue.suspend(b, w)
+			break
+		}
+	}
+	if written == 0 || d.flow.off {
+		return pods, written, mark
+	}
+	if last == nil {
+		// Only deletions: a row to watch is the pod's next insertion, if
+		// it is being written in parts, or a probe.
+		if b := d.queue.front(); b != nil && b.partial != nil && len(b.partial.stale) == 0 {
+			n, ins := b.partial.write(wtxn, d.entries, 1)
+			written, last = written+n, ins
+			if b.partial.rows() == 0 {
+				d.queue.resume(b) // written whole
+			}
+		} else if key, ok := d.probe(wtxn, before); ok {
+			return pods, written, reconcileMark{key: key, rows: written}
+		}
+	}
+	if last != nil {
+		mark = reconcileMark{key: last.Key(), rows: written}
+	}
+	return pods, written, mark
+}
+
+// desired compiles a pod's entries; false while its selection compiles in
+// the background (the pod waits for it).
+func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) ([]*MapEntry[K], bool) {
+	var k K
+	var desired []*MapEntry[K]
+	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
+		return nil, true
+	}
+	listing := statedb.Collect(d.endpoints.List(wtxn, k.podIndex().Query(pod)))
+	sel, ok := selectionOf(pod, d.unions.of(wtxn, listing), listing, d.hostsOf(pod))
+	if !ok {
+		return nil, true
+	}
+	key := sel.key()
+	c, ok := d.templates[key]
+	ts := c.templates
+	if !ok {
+		if bc := d.compiling[key]; bc != nil {
+			bc.waiting[pod] = struct{}{}
+			return nil, false
+		}
+		if k.weight(sel) > backgroundWeight {
+			d.compileInBackground(ctx, key, sel, pod)
+			return nil, false
+		}
+		ts = k.compile(sel)
+		d.templates[key] = compiled[T]{sel: sel, templates: ts}
+	}
+	for _, t := range ts {
+		desired = stamp(t, desired, pod)
+	}
+	return desired, true
+}
+
+// hostsOf returns the function that finds pod's entry in an object.
+func (d *deriver[T, K]) hostsOf(pod netip.Addr) func(T) (endpoints.PodEndpoint, bool) {
+	return func(o T) (endpoints.PodEndpoint, bool) {
+		pods := o.PodEntries()
+		if len(pods) <= 8 {
+			return o.PodEntry(pod)
+		}
+		h := d.hosts[o.Key()]
+		if h == nil || h.obj != o {
+			h = &podHosts[T]{obj: o, hosts: make(map[netip.Addr]endpoints.PodEndpoint, len(pods))}
+			for _, p := range pods {
+				h.hosts[p.PodIP] = p
+			}
+			d.hosts[o.Key()] = h
+		}
+		e, ok := h.hosts[pod]
+		return e, ok
+	}
+}
+
+// compileInBackground compiles a selection in a goroutine, one at a time;
+// pod waits for it.
+func (d *deriver[T, K]) compileInBackground(ctx context.Context, key string, sel selection[T], pod netip.Addr) {
+	var k K
+	d.compiling[key] = &backgroundCompile[T]{sel: sel, waiting: map[netip.Addr]struct{}{pod: {}}, start: time.Now()}
+	d.log.Debug("Compiling a large selection in the background", "objects", sel.names(), "weight", k.weight(sel))
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		select {
+		case d.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		ts := k.compile(sel)
+		<-d.slots
+		select {
+		case d.results <- backgroundResult{key: key, templates: ts}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// names are the keys of the selection's objects.
+func (s selection[T]) names() string {
+	var out []string
+	for _, o := range s.objs {
+		out = append(out, o.Key())
+	}
+	return strings.Join(out, ",")
+}
