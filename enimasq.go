@@ -29,11 +29,13 @@ var Features = cell.Group(
 )
 
 // Agent is the standalone enimasq agent: the infrastructure (with the
-// node-wide flags), the feature cells, and the feature APIs mounted on the
-// agent API socket.
+// node-wide flags), the feature cells, the flags that an embedding agent
+// declares itself (Cilium's --policy-audit-mode), and the feature APIs
+// mounted on the agent API socket.
 var Agent = cell.Group(
 	infra.Infrastructure,
 	Features,
+	netpolicy.AuditCell,
 	cell.Provide(mountIPAMAPI, mountPolicyAPI),
 )
 

@@ -205,6 +205,13 @@ func (a *Agent) WaitHealthy() {
 	})
 }
 
+// WaitStarted waits until the agent's hive has run every start hook
+// ("Started hive"): what they write to the kernel is there from then on.
+func (a *Agent) WaitStarted() {
+	a.t.Helper()
+	a.WaitFor("the hive started", func() bool { return strings.Contains(a.Log(), `msg="Started hive"`) })
+}
+
 // WaitFor polls cond every 20 ms for up to 30 s, failing the test if the
 // agent exits or the deadline passes.
 func (a *Agent) WaitFor(what string, cond func() bool) {

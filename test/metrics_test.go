@@ -123,6 +123,22 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	return parseMetrics(t, body)
+}
+
+// agentMetrics reads /metrics on the agent API socket, as parseMetrics.
+func agentMetrics(t *testing.T, a *Agent) map[string]float64 {
+	t.Helper()
+	code, body, err := a.Get("/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET /metrics on the agent socket: %d %v", code, err)
+	}
+	return parseMetrics(t, body)
+}
+
+// parseMetrics parses an exposition as scrapeMetrics keys it.
+func parseMetrics(t *testing.T, body []byte) map[string]float64 {
+	t.Helper()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
 	if err != nil {

@@ -59,6 +59,11 @@ const (
 	// PolicyModeEvents is a flag of the mode word: denied packets go to
 	// the events ring buffer (--policy-event-logs).
 	PolicyModeEvents PolicyMode = 2
+	// PolicyModeAudit is a flag of the mode word: a packet the policy
+	// denies passes, counted apart (AuditCounterIndex) and reported as
+	// audited (--policy-audit-mode, as Cilium's). Drops before the policy
+	// (spoofed, malformed, unknown fragments) stay drops.
+	PolicyModeAudit PolicyMode = 4
 )
 
 // ParsePolicyMode parses "standard" or "strict".
@@ -79,6 +84,9 @@ func (m PolicyMode) String() string {
 	}
 	if m&PolicyModeEvents != 0 {
 		s += "+events"
+	}
+	if m&PolicyModeAudit != 0 {
+		s += "+audit"
 	}
 	return s
 }

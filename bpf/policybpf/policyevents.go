@@ -21,8 +21,33 @@ import (
 // step StepNone.
 
 // PolicyVerdictCounters is the number of counters of the verdicts map:
-// direction (2) x verdict (2) x step (4).
-const PolicyVerdictCounters = 16
+// direction (2) x verdict (2) x step (4), then the denials audit mode
+// passed (PolicyModeAudit): direction (2) x step (4).
+const PolicyVerdictCounters = 24
+
+// Verdict is what a counter counts: an allowed packet, a denied one, or
+// one the policy denied and audit mode passed.
+type Verdict uint8
+
+const (
+	VerdictAllow Verdict = iota
+	VerdictDeny
+	VerdictAudit
+)
+
+// String is the verdict as the metrics label it: allow, deny, audit (as
+// Hubble's AUDIT verdict: denied by the policy, passed by audit mode).
+func (v Verdict) String() string {
+	switch v {
+	case VerdictAllow:
+		return "allow"
+	case VerdictDeny:
+		return "deny"
+	case VerdictAudit:
+		return "audit"
+	}
+	return fmt.Sprintf("verdict(%d)", uint8(v))
+}
 
 // VerdictCounterIndex is the index of the counter of a decision in the
 // verdicts map, as the programs compute it: (egress ? 8 : 0) + (deny ? 4 :
@@ -39,10 +64,27 @@ func VerdictCounterIndex(egress, deny bool, step PolicyStep) uint32 {
 	return i + (uint32(step)-1)&3
 }
 
+// AuditCounterIndex is the index of the counter of a packet the policy
+// denied at step and audit mode passed: 16 + (egress ? 4 : 0) + step - 1.
+func AuditCounterIndex(egress bool, step PolicyStep) uint32 {
+	var i uint32 = 16
+	if egress {
+		i += 4
+	}
+	return i + (uint32(step)-1)&3
+}
+
 // VerdictCounterOf is the decision a counter index counts: the inverse of
-// VerdictCounterIndex for 0..15.
-func VerdictCounterOf(i uint32) (egress, deny bool, step PolicyStep) {
-	return i&8 != 0, i&4 != 0, PolicyStep(i&3 + 1)
+// VerdictCounterIndex and AuditCounterIndex for 0..PolicyVerdictCounters-1.
+func VerdictCounterOf(i uint32) (egress bool, v Verdict, step PolicyStep) {
+	if i >= 16 {
+		return i&4 != 0, VerdictAudit, PolicyStep(i&3 + 1)
+	}
+	v = VerdictAllow
+	if i&4 != 0 {
+		v = VerdictDeny
+	}
+	return i&8 != 0, v, PolicyStep(i&3 + 1)
 }
 
 // ReadPolicyVerdicts reads the counters of a verdicts map, each summed
@@ -67,7 +109,11 @@ func ReadPolicyVerdicts(m *ebpf.Map) ([PolicyVerdictCounters]uint64, error) {
 
 // PolicyEventSize is the size of struct policy_event (no padding: its
 // fields end on a 4-byte boundary).
-const PolicyEventSize = 52
+const PolicyEventSize = 56
+
+// policyEventAudited is struct policy_event's flag (AUDITED): the policy
+// denied the packet and audit mode passed it.
+const policyEventAudited = 1
 
 // PolicyEvent is a packet the policy programs dropped, as the events ring
 // buffer reports it (struct policy_event).
@@ -90,9 +136,12 @@ type PolicyEvent struct {
 	// policy (spoofed, malformed, a fragment).
 	Step   PolicyStep
 	Reason PolicyReason
+	// Audited: the policy denied the packet and audit mode
+	// (PolicyModeAudit) passed it.
+	Audited bool
 }
 
-// ParsePolicyEvent decodes a struct policy_event: 52 bytes, in host byte
+// ParsePolicyEvent decodes a struct policy_event: 56 bytes, in host byte
 // order but the addresses.
 func ParsePolicyEvent(b []byte) (PolicyEvent, error) {
 	if len(b) != PolicyEventSize {
@@ -106,6 +155,13 @@ func ParsePolicyEvent(b []byte) (PolicyEvent, error) {
 		Protocol: b[45],
 		Step:     PolicyStep(b[47]),
 		Reason:   PolicyReason(binary.NativeEndian.Uint32(b[48:])),
+	}
+	switch flags := binary.NativeEndian.Uint32(b[52:]); flags {
+	case 0:
+	case policyEventAudited:
+		e.Audited = true
+	default:
+		return PolicyEvent{}, fmt.Errorf("policy event with flags %#x, want 0 or %#x (audited)", flags, policyEventAudited)
 	}
 	switch b[44] {
 	case 4:
@@ -165,6 +221,9 @@ func (e PolicyEvent) MarshalBinary() ([]byte, error) {
 	b[45] = e.Protocol
 	b[47] = uint8(e.Step)
 	binary.NativeEndian.PutUint32(b[48:], uint32(e.Reason))
+	if e.Audited {
+		binary.NativeEndian.PutUint32(b[52:], policyEventAudited)
+	}
 	return b, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,13 @@ func TestParsePolicyEvent(t *testing.T) {
 	if b, err := e.MarshalBinary(); err != nil || !bytes.Equal(b, v4) {
 		t.Errorf("MarshalBinary: %x %v, want %x", b, err, v4)
 	}
+	audited := slices.Clone(v4)
+	binary.NativeEndian.PutUint32(audited[52:], 1)
+	if a, err := ParsePolicyEvent(audited); err != nil || !a.Audited || a.Reason != PolicyDenied {
+		t.Errorf("an audited event: %+v %v", a, err)
+	} else if b, err := a.MarshalBinary(); err != nil || !bytes.Equal(b, audited) {
+		t.Errorf("MarshalBinary of an audited event: %x %v, want %x", b, err, audited)
+	}
 	if s := e.String(); !strings.Contains(s, "egress 10.0.0.5 -> 10.1.2.3 tcp 40000->443") || !strings.Contains(s, "step namespace") {
 		t.Errorf("String: %s", s)
 	}
@@ -74,8 +82,9 @@ func TestParsePolicyEvent(t *testing.T) {
 		b    []byte
 		want string
 	}{
-		{v4[:51], "of 51 bytes, want 52"},
-		{append(v4[:52:52], 0, 0, 0, 0), "of 56 bytes, want 52"},
+		{v4[:52], "of 52 bytes, want 56"}, // an older program's event
+		{append(v4[:56:56], 0, 0, 0, 0), "of 60 bytes, want 56"},
+		{func() []byte { b := slices.Clone(v4); b[52] = 2; return b }(), "flags 0x2, want 0 or 0x1"},
 		{nil, "of 0 bytes"},
 		{eventBytes(nil, nil, 0, 0, 0, 0, 5, 6, 1, 1, 2), "family 5, want 4, 6 or 0"},
 		{eventBytes(nil, nil, 0, 0, 0, 0, 4, 6, 2, 1, 2), "egress=2"},
@@ -116,9 +125,27 @@ func TestVerdictCounterIndex(t *testing.T) {
 					t.Errorf("VerdictCounterIndex(%v, %v, %s) = %d, want %d once", egress, deny, step, i, want)
 				}
 				seen[i] = true
-				if e, d, s := VerdictCounterOf(i); e != egress || d != deny || s != step {
-					t.Errorf("VerdictCounterOf(%d) = %v %v %s", i, e, d, s)
+				verdict := VerdictAllow
+				if deny {
+					verdict = VerdictDeny
 				}
+				if e, v, s := VerdictCounterOf(i); e != egress || v != verdict || s != step {
+					t.Errorf("VerdictCounterOf(%d) = %v %s %s", i, e, v, s)
+				}
+			}
+		}
+		for _, step := range PolicySteps {
+			i := AuditCounterIndex(egress, step)
+			want := 16 + uint32(step) - 1
+			if egress {
+				want += 4
+			}
+			if i != want || seen[i] {
+				t.Errorf("AuditCounterIndex(%v, %s) = %d, want %d once", egress, step, i, want)
+			}
+			seen[i] = true
+			if e, v, s := VerdictCounterOf(i); e != egress || v != VerdictAudit || s != step {
+				t.Errorf("VerdictCounterOf(%d) = %v %s %s", i, e, v, s)
 			}
 		}
 	}
@@ -320,8 +347,8 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	}
 	for i := range after {
 		if got := after[i] - before[i]; got != want[i] {
-			egress, deny, step := VerdictCounterOf(uint32(i))
-			t.Errorf("counter %d (egress=%v deny=%v %s): grew by %d, want %d", i, egress, deny, step, got, want[i])
+			egress, v, step := VerdictCounterOf(uint32(i))
+			t.Errorf("counter %d (egress=%v %s %s): grew by %d, want %d", i, egress, v, step, got, want[i])
 		}
 	}
 

@@ -163,8 +163,11 @@ const (
 
 // PolicyResult is the verdict of the policy program on one packet.
 type PolicyResult struct {
-	Allow  bool
-	Reason PolicyReason
+	// Allow: the packet passes. With Audited, it passes only because of
+	// audit mode: the policy denies it.
+	Allow   bool
+	Audited bool
+	Reason  PolicyReason
 	// Step is the step that decided.
 	Step PolicyStep
 	// Object is the id of the deciding object (ObjectID) when the program
@@ -272,7 +275,8 @@ func (p *PolicyProgram) Run(d Direction, frame []byte) (PolicyResult, error) {
 			return PolicyResult{}, fmt.Errorf("run policy_%s: %w", d, err)
 		}
 	}
-	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), Step: PolicyStep(out[skbCBWord+2]), Object: out[skbCBWord+3], Interval: -1}
+	res := PolicyResult{Reason: PolicyReason(out[skbCBWord]), Step: PolicyStep(out[skbCBWord+2]), Object: out[skbCBWord+3], Interval: -1,
+		Audited: out[skbCBWord+4] == policyEventAudited}
 	if idx := out[skbCBWord+1]; idx != noInterval {
 		res.Interval = int(idx)
 	}

@@ -65,6 +65,8 @@ type statusReport struct {
 	Maps    map[string]mapUse   `json:"maps,omitempty"`
 	Pool    map[string]poolUse  `json:"ipamPool,omitempty"`
 	Sources map[string]source   `json:"sources,omitempty"`
+	// Policy is the policy programs' mode, when they run.
+	Policy *policyMode `json:"policy,omitempty"`
 	// ErrorRows are the rows in error (--verbose): "table key: error".
 	ErrorRows []string `json:"errorRows,omitempty"`
 }
@@ -86,6 +88,11 @@ type (
 		Pool      float64 `json:"pool"`
 		Used      float64 `json:"used"`
 		Available float64 `json:"available"`
+	}
+	policyMode struct {
+		Mode string `json:"mode"` // standard, strict
+		// Audit: a packet the policy denies passes (--policy-audit-mode).
+		Audit bool `json:"audit"`
 	}
 	source struct {
 		// LastSuccess is the Unix time of the last good read, 0 for never.
@@ -145,6 +152,18 @@ func agentStatus(o *options, verbose bool) (statusReport, error) {
 	for src, last := range byLabels(families, "enimasq_source_last_success_timestamp_seconds", "source", "") {
 		rep.Sources[src] = source{LastSuccess: last[""], Errors: errs[src][""]}
 	}
+	for _, m := range families["enimasq_policy_enforcement_info"].GetMetric() {
+		p := &policyMode{}
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "mode":
+				p.Mode = l.GetValue()
+			case "audit":
+				p.Audit = l.GetValue() == "true"
+			}
+		}
+		rep.Policy = p
+	}
 	if verbose {
 		if rep.ErrorRows, err = errorRows(o); err != nil {
 			return rep, err
@@ -194,6 +213,13 @@ func writeStatus(out io.Writer, rep statusReport) {
 			}
 			fmt.Fprintf(w, "    %s\t%s\n", d.Scope, reason)
 		}
+	}
+	if p := rep.Policy; p != nil {
+		mode := p.Mode
+		if p.Audit {
+			mode += ", AUDIT MODE: packets the policy denies pass (counted verdict=audit)"
+		}
+		fmt.Fprintf(w, "Policy enforcement:\t%s\n", mode)
 	}
 	if len(rep.Tables) > 0 {
 		fmt.Fprintln(w, "Tables:\tdone\tpending\terror")

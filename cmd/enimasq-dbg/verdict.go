@@ -92,7 +92,10 @@ type verdictJSON struct {
 func toJSON(v netpolicy.Verdict) verdictJSON {
 	out := verdictJSON{Query: v.Query.String(), Verdict: "DENY", Reason: v.Result.Reason.String(), Step: v.Result.Step.String(),
 		Object: v.Object, Map: v.Map, ClusterMap: v.Cluster, Interval: v.Result.Interval}
-	if v.Result.Allow {
+	switch {
+	case v.Result.Audited:
+		out.Verdict = "AUDIT"
+	case v.Result.Allow:
 		out.Verdict = "ALLOW"
 	}
 	if v.Entry != nil {
@@ -118,7 +121,9 @@ func policyCommand(o *options) *cobra.Command {
 		Long: "Builds a packet between --pod and --peer (egress: from the pod; ingress: to the pod)\n" +
 			"with the protocol and destination port, runs enimasq's tc verdict program on it with\n" +
 			"BPF_PROG_TEST_RUN against the pinned maps, and prints ALLOW or DENY with the pod's\n" +
-			"longest matching key and the port entry that allowed.\n\n" +
+			"longest matching key and the port entry that allowed. With the agent in audit mode\n" +
+			"(--policy-audit-mode) a packet the policy denies passes: AUDIT, with the step and\n" +
+			"the object that would deny it.\n\n" +
 			"The running agent runs the program it keeps loaded (POST /v1/policy/verdict): no\n" +
 			"program is loaded per call. Without an agent (or with another --bpf-root than its\n" +
 			"own) the program is loaded here, through the verifier.\n\n" +
@@ -264,7 +269,8 @@ func judge(o *options, queries []netpolicy.VerdictQuery, errs []error) (_ []netp
 			verdicts[i].Object = names[j]
 		}
 		// The mode is the program's: the default step is the kernel's.
-		if r := results[j]; r.Step != policybpf.StepDefault && (r.Allow != model.Allow || r.Step != model.Step || r.Interval != model.Interval) {
+		// An audited packet passes, which the maps deny.
+		if r := results[j]; r.Step != policybpf.StepDefault && ((r.Allow && !r.Audited) != model.Allow || r.Step != model.Step || r.Interval != model.Interval) {
 			errs[i] = fmt.Errorf("%s: the program says %+v, the pod's longest matching keys say %+v: the maps changed during the run?",
 				queries[i], r, model)
 		}
@@ -300,7 +306,7 @@ func agentVerdicts(o *options, queries []netpolicy.VerdictQuery, valid []int) ([
 		if err != nil {
 			return nil, nil, fmt.Errorf("the agent's verdict %d: %w", j, err)
 		}
-		out[j] = policybpf.PolicyResult{Allow: r.Allow, Reason: r.Reason, Step: step, Interval: r.Interval}
+		out[j] = policybpf.PolicyResult{Allow: r.Allow, Audited: r.Audited, Reason: r.Reason, Step: step, Interval: r.Interval}
 		names[j] = r.Object
 	}
 	return out, names, nil

@@ -150,3 +150,21 @@ func checkPolicySource(cfg PolicyConfig, client *k8sclient.Client) error {
 		"or run without --k8s-kubeconfig-path outside a pod to read the directory",
 		cfg.PolicyEndpointsPath, client.Source())
 }
+
+// AuditConfig is --policy-audit-mode, Cilium's flag with Cilium's meaning:
+// the programs judge, count and report every packet as they do, and one
+// the policy denies passes, counted (enimasq_policy_verdicts_total
+// verdict="audit") and reported as "would deny". It is for rolling out a
+// policy before enforcing it. The standalone agent declares it (AuditCell);
+// linked into Cilium, Cilium declares it for its own policy and enimasq
+// enforces nothing there, so Features leaves it out.
+type AuditConfig struct {
+	PolicyAuditMode bool `mapstructure:"policy-audit-mode"`
+}
+
+func (def AuditConfig) Flags(flags *pflag.FlagSet) {
+	flags.Bool("policy-audit-mode", def.PolicyAuditMode, "Audit mode: a packet the network policy denies passes, counted (enimasq_policy_verdicts_total{verdict=\"audit\"}) and reported as \"Policy would deny\" with --policy-event-logs; drops before the policy (forged sources, malformed frames) stay drops. Restarting without it enforces at once")
+}
+
+// AuditCell declares --policy-audit-mode (the standalone agent's).
+var AuditCell = cell.Config(AuditConfig{})

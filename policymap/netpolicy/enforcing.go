@@ -31,8 +31,10 @@ type enforceParams struct {
 	cell.In
 
 	Policy PolicyConfig
-	Node   nodeconfig.Config
-	Maps   policymap.MapsParams
+	// Audit is the standalone agent's (AuditCell): none in Cilium's.
+	Audit AuditConfig `optional:"true"`
+	Node  nodeconfig.Config
+	Maps  policymap.MapsParams
 }
 
 // newEnforceSettings: enforcement runs with network policy on kernel maps,
@@ -47,6 +49,7 @@ func newEnforceSettings(p enforceParams) enforce.Settings {
 		CheckInterval: p.Policy.AttachCheckInterval,
 		ConntrackMax:  p.Policy.PolicyConntrackMax,
 		Events:        p.Policy.PolicyEventLogs,
+		Audit:         p.Audit.PolicyAuditMode,
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:

@@ -106,6 +106,10 @@
 
 #define MODE_STRICT 1 /* bit 0 of enimasq_policy_mode[0] */
 #define MODE_EVENTS 2 /* bit 1: denied packets go to enimasq_policy_events */
+#define MODE_AUDIT 4  /* bit 2: a packet the policy denies passes, counted and reported as audited */
+
+/* skb->cb[4] of a packet the policy denied and audit mode passed. */
+#define AUDITED 1
 
 #define CT_MAX_ENTRIES 65536
 #define NSEC 1000000000ULL
@@ -205,12 +209,13 @@ POLICY_MAP(enimasq_cluster_ingress_v4, struct policy_v4_key);
 POLICY_MAP(enimasq_cluster_ingress_v6, struct policy_v6_key);
 CHUNK_MAP(enimasq_cluster_chunks);
 
-/* The decisions, per CPU: index (egress ? 8 : 0) + (deny ? 4 : 0) + step - 1. */
+/* The decisions, per CPU: index (egress ? 8 : 0) + (deny ? 4 : 0) + step - 1,
+ * and, for the denials audit mode passed, 16 + (egress ? 4 : 0) + step - 1. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
-	__uint(max_entries, 16);
+	__uint(max_entries, 24);
 } enimasq_policy_verdicts SEC(".maps");
 
 /* A denied packet, with events on. */
@@ -226,6 +231,7 @@ struct policy_event {
 	__u8 egress;
 	__u8 step;
 	__u32 reason;
+	__u32 flags; /* AUDITED: denied, and passed by audit mode */
 };
 
 struct {
@@ -816,9 +822,10 @@ static __always_inline void evaluate(const struct policy_value *cp, const struct
 	return decided(d, REASON_NO_POLICY, STEP_DEFAULT, 0, NO_INTERVAL, 0);
 }
 
-static __always_inline void count(int egress, const struct decision *d)
+static __always_inline void count(int egress, const struct decision *d, int audited)
 {
-	__u32 key = (egress ? 8 : 0) + (d->deny ? 4 : 0) + ((d->step - 1) & 3);
+	__u32 key = audited ? 16 + (egress ? 4 : 0) + ((d->step - 1) & 3)
+			    : (egress ? 8 : 0) + (d->deny ? 4 : 0) + ((d->step - 1) & 3);
 	__u64 *n = bpf_map_lookup_elem(&enimasq_policy_verdicts, &key);
 
 	if (n)
@@ -949,7 +956,10 @@ static __always_inline void version_of(const struct pkt *p, const __u8 *pod, __u
 /* decide passes the packets of tracked connections, decides the others by
  * the steps (the maps are looked up only then: a tracked packet costs no
  * policy lookup), counts the decision, and tracks what a step allows for a
- * pod with any policy in the direction. */
+ * pod with any policy in the direction. In audit mode a denied packet
+ * passes, marked AUDITED and counted apart; it is not tracked, so that
+ * every packet of its flow is judged, counted and reported again, and
+ * nothing stays open when the mode goes off. */
 static __always_inline int decide(struct __sk_buff *skb, const struct pkt *p, const struct flow *f, struct ct_key *ct,
 				  int egress)
 {
@@ -995,7 +1005,12 @@ out:
 	skb->cb[1] = d.idx;
 	skb->cb[2] = d.step;
 	skb->cb[3] = d.object;
-	count(egress, &d);
+	if (d.deny && (mode() & MODE_AUDIT)) {
+		skb->cb[4] = AUDITED;
+		count(egress, &d, 1);
+		return VERDICT_PASS;
+	}
+	count(egress, &d, 0);
 	if (d.deny)
 		return TC_ACT_SHOT;
 	if (present(cp) || present(np))
@@ -1113,6 +1128,7 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress, struct pkt
 	skb->cb[1] = NO_INTERVAL;
 	skb->cb[2] = STEP_NONE;
 	skb->cb[3] = 0;
+	skb->cb[4] = 0;
 	ret = parse(skb, &p);
 	if (ret == PARSE_ARP) {
 		skb->cb[0] = REASON_ARP;
@@ -1152,7 +1168,8 @@ static __always_inline int verdict(struct __sk_buff *skb, int egress, struct pkt
 #undef f
 }
 
-/* report puts a denied packet in enimasq_policy_events when events are on. */
+/* report puts a denied packet, or one audit mode passed, in
+ * enimasq_policy_events when events are on. */
 static __always_inline void report(struct __sk_buff *skb, const struct pkt *p, const struct flow *f, int egress)
 {
 	struct policy_event *e;
@@ -1173,6 +1190,7 @@ static __always_inline void report(struct __sk_buff *skb, const struct pkt *p, c
 	e->egress = egress;
 	e->step = skb->cb[2];
 	e->reason = skb->cb[0];
+	e->flags = skb->cb[4];
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -1182,7 +1200,7 @@ static __always_inline int run(struct __sk_buff *skb, int egress)
 	struct flow f = {};
 	int ret = verdict(skb, egress, &p, &f);
 
-	if (ret == TC_ACT_SHOT)
+	if (ret == TC_ACT_SHOT || skb->cb[4] == AUDITED)
 		report(skb, &p, &f, egress);
 	return ret;
 }

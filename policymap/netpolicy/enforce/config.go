@@ -41,6 +41,19 @@ type Settings struct {
 	// Events: the programs report denied packets in the events ring
 	// buffer (--policy-event-logs).
 	Events bool
+	// Audit: a packet the policy denies passes, counted and reported as
+	// audited (--policy-audit-mode).
+	Audit bool
+}
+
+// modeText says the mode as health and status say it: "strict mode",
+// "standard mode, audit: denied packets pass".
+func (s Settings) modeText() string {
+	t := (s.Mode &^ (policybpf.PolicyModeEvents | policybpf.PolicyModeAudit)).String() + " mode"
+	if s.Audit {
+		t += ", audit: denied packets pass"
+	}
+	return t
 }
 
 // SelectedPods returns the pod IPs the policies select, whether the

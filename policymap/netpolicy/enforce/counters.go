@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"strconv"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -16,13 +17,17 @@ import (
 // tier}: the decisions of the policy programs on the pods' devices, read
 // at scrape from their per-CPU counters (policybpf.PolicyVerdictsMapName, pinned
 // with the programs' state: they go on across restarts of the agent). All
-// 16 series are there from the first scrape on, at 0 until a packet
-// counts. Not counted: the packets of a connection already allowed, ARP,
+// 24 series are there from the first scrape on, at 0 until a packet
+// counts. verdict="audit" counts the packets the policy denied and audit
+// mode (--policy-audit-mode) passed. Not counted: the packets of a connection already allowed, ARP,
 // neighbour discovery, and the drops before the policy (spoofed, malformed,
 // unknown fragments).
 type verdictCounters struct {
 	desc *prometheus.Desc
 	on   bool // enforcement runs
+	// info is enimasq_policy_enforcement_info{mode, audit}: 1, the mode
+	// the programs run in (enimasq-dbg status shows it).
+	info prometheus.Collector
 
 	mu sync.Mutex
 	// read returns the counters (policybpf.ReadPolicyVerdicts of the state
@@ -31,10 +36,21 @@ type verdictCounters struct {
 }
 
 func newVerdictCounters(s Settings) *verdictCounters {
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: metrics.Namespace + "_policy_enforcement_info",
+		Help: "The mode of the network-policy programs: mode (standard, strict) and audit (true: a packet the policy denies passes, --policy-audit-mode); always 1",
+		ConstLabels: prometheus.Labels{
+			"mode":  (s.Mode &^ (policybpf.PolicyModeEvents | policybpf.PolicyModeAudit)).String(),
+			"audit": strconv.FormatBool(s.Audit),
+		},
+	})
+	info.Set(1)
 	return &verdictCounters{
-		on: s.Off == "",
+		info: info,
+		on:   s.Off == "",
 		desc: prometheus.NewDesc(metrics.Namespace+"_policy_verdicts_total",
-			"Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny) "+
+			"Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny, "+
+				"audit: denied by the policy and passed by --policy-audit-mode) "+
 				"and the tier that decided (admin, namespace, baseline, default); packets of an allowed connection and drops before the policy are not counted",
 			[]string{"direction", "verdict", "tier"}, nil),
 	}
@@ -46,7 +62,7 @@ func (c *verdictCounters) collectors() metrics.Outs {
 	if !c.on {
 		return metrics.Outs{}
 	}
-	return metrics.Outs{Collectors: []prometheus.Collector{c}}
+	return metrics.Outs{Collectors: []prometheus.Collector{c, c.info}}
 }
 
 // readFrom reads the counters from the programs' state map.
@@ -64,7 +80,7 @@ func (c *verdictCounters) readFrom(state func(name string) (*ebpf.Map, error)) {
 
 func (c *verdictCounters) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
-// Collect sends the 16 series; none while the counters cannot be read
+// Collect sends the 24 series; none while the counters cannot be read
 // (the state maps not open yet): a counter at 0 would be a reset.
 func (c *verdictCounters) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
@@ -78,15 +94,12 @@ func (c *verdictCounters) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for i, n := range counts {
-		egress, deny, step := policybpf.VerdictCounterOf(uint32(i))
-		direction, verdict := policybpf.Ingress.String(), "allow"
+		egress, verdict, step := policybpf.VerdictCounterOf(uint32(i))
+		direction := policybpf.Ingress.String()
 		if egress {
 			direction = policybpf.Egress.String()
 		}
-		if deny {
-			verdict = "deny"
-		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), direction, verdict, step.String())
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), direction, verdict.String(), step.String())
 	}
 }
 

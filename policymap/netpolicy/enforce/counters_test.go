@@ -19,13 +19,16 @@ import (
 // the given counts (by policybpf.VerdictCounterIndex), every series present.
 func verdictsText(counts map[uint32]uint64) string {
 	var b strings.Builder
-	b.WriteString("# HELP enimasq_policy_verdicts_total Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny) " +
-		"and the tier that decided (admin, namespace, baseline, default); packets of an allowed connection and drops before the policy are not counted\n")
+	b.WriteString("# HELP enimasq_policy_verdicts_total Decisions of the network-policy programs on the pods' devices by direction (ingress, egress), verdict (allow, deny, " +
+		"audit: denied by the policy and passed by --policy-audit-mode) and the tier that decided (admin, namespace, baseline, default); packets of an allowed connection and drops before the policy are not counted\n")
 	b.WriteString("# TYPE enimasq_policy_verdicts_total counter\n")
 	for _, dir := range []string{"egress", "ingress"} {
 		for _, tier := range []policybpf.PolicyStep{policybpf.StepAdmin, policybpf.StepBaseline, policybpf.StepDefault, policybpf.StepNamespace} {
-			for _, verdict := range []string{"allow", "deny"} {
+			for _, verdict := range []string{"allow", "audit", "deny"} {
 				i := policybpf.VerdictCounterIndex(dir == "egress", verdict == "deny", tier)
+				if verdict == "audit" {
+					i = policybpf.AuditCounterIndex(dir == "egress", tier)
+				}
 				fmt.Fprintf(&b, "enimasq_policy_verdicts_total{direction=%q,tier=%q,verdict=%q} %d\n", dir, tier, verdict, counts[i])
 			}
 		}
@@ -33,13 +36,34 @@ func verdictsText(counts map[uint32]uint64) string {
 	return b.String()
 }
 
+// The mode is a metric: enimasq_policy_enforcement_info{mode, audit} 1.
+func TestPolicyEnforcementInfo(t *testing.T) {
+	for _, tc := range []struct {
+		s    Settings
+		want string
+	}{
+		{Settings{Mode: policybpf.PolicyModeStandard}, `audit="false",mode="standard"`},
+		{Settings{Mode: policybpf.PolicyModeStrict, Audit: true, Events: true}, `audit="true",mode="strict"`},
+	} {
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(newVerdictCounters(tc.s).info)
+		want := "# HELP enimasq_policy_enforcement_info The mode of the network-policy programs: mode (standard, strict) and audit " +
+			"(true: a packet the policy denies passes, --policy-audit-mode); always 1\n" +
+			"# TYPE enimasq_policy_enforcement_info gauge\n" +
+			"enimasq_policy_enforcement_info{" + tc.want + "} 1\n"
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+			t.Errorf("%+v: %v", tc.s, err)
+		}
+	}
+}
+
 func TestVerdictCounters(t *testing.T) {
 	if outs := newVerdictCounters(Settings{Off: "network policy is disabled"}).collectors(); len(outs.Collectors) != 0 {
 		t.Errorf("enforcement off: %d collectors, want none", len(outs.Collectors))
 	}
 	c := newVerdictCounters(Settings{})
-	if outs := c.collectors(); len(outs.Collectors) != 1 {
-		t.Fatalf("enforcement on: %d collectors, want 1", len(outs.Collectors))
+	if outs := c.collectors(); len(outs.Collectors) != 2 {
+		t.Fatalf("enforcement on: %d collectors, want the counters and the mode", len(outs.Collectors))
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
@@ -58,6 +82,7 @@ func TestVerdictCounters(t *testing.T) {
 		policybpf.VerdictCounterIndex(true, true, policybpf.StepAdmin):      3,
 		policybpf.VerdictCounterIndex(false, true, policybpf.StepDefault):   5,
 		policybpf.VerdictCounterIndex(false, false, policybpf.StepBaseline): 1 << 40,
+		policybpf.AuditCounterIndex(true, policybpf.StepNamespace):          7,
 	}
 	for i, n := range want {
 		counts[i] = n

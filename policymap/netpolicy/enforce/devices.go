@@ -87,7 +87,7 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 			d.initDone = nil
 		}
 		wtxn.Commit()
-		health.OK(fmt.Sprintf("%d pod devices to enforce on (%s mode)", len(rows), d.settings.Mode))
+		health.OK(fmt.Sprintf("%d pod devices to enforce on (%s)", len(rows), d.settings.modeText()))
 		select {
 		case <-ctx.Done():
 			return nil

@@ -31,6 +31,8 @@ const (
 type eventLogKey struct {
 	pod    netip.Addr
 	reason policybpf.PolicyReason
+	// audited: passed by audit mode (its lines say "would deny").
+	audited bool
 }
 
 type eventLogBucket struct {
@@ -120,8 +122,12 @@ func (l *eventLogLimiter) flush() []suppressedLine {
 func logSuppressed(log *slog.Logger, lines []suppressedLine, now time.Time) {
 	for _, s := range lines {
 		d := now.Sub(s.since).Round(time.Millisecond)
-		log.Info(fmt.Sprintf("%d more denied packets of pod %s, reason %q, not logged in the last %s (at most %g lines a second, %d at once, per pod and reason)",
-			s.n, podText(s.key.pod), s.key.reason.String(), d, eventLogRate, eventLogBurst),
+		what := "denied"
+		if s.key.audited {
+			what = "audited (would deny)"
+		}
+		log.Info(fmt.Sprintf("%d more %s packets of pod %s, reason %q, not logged in the last %s (at most %g lines a second, %d at once, per pod and reason)",
+			s.n, what, podText(s.key.pod), s.key.reason.String(), d, eventLogRate, eventLogBurst),
 			"pod", podText(s.key.pod), "reason", s.key.reason.String(), "suppressed", s.n, "interval", d)
 	}
 }

@@ -135,7 +135,7 @@ func TestEventsLogLimiterKeysBounded(t *testing.T) {
 	total := 0
 	for i := range 100 {
 		pod := netip.AddrFrom4([4]byte{10, 0, 0, byte(i % 10)})
-		ok, s := l.allow(eventLogKey{pod, policybpf.PolicyDenied}, now)
+		ok, s := l.allow(eventLogKey{pod: pod, reason: policybpf.PolicyDenied}, now)
 		summaries = append(summaries, s...)
 		if !ok {
 			total++
@@ -167,7 +167,9 @@ func TestPrivilegedEventsFloodLogLimited(t *testing.T) {
 	_, sub := e.subscribe()
 	var mu sync.Mutex
 	read := 0
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		for ev := range sub.ch {
 			mu.Lock()
 			read += 1 + int(ev.Missed)
@@ -219,6 +221,12 @@ func TestPrivilegedEventsFloodLogLimited(t *testing.T) {
 	if err := stop(); err != nil { // flushes the summaries
 		t.Fatal(err)
 	}
+	// Every event handled was served or counted as missed; those missed
+	// after the last one served are the subscriber's count.
+	e.unsubscribe(sub)
+	close(sub.ch)
+	<-drained
+	last = read + int(sub.missed)
 	logged, suppressed, _ := logCounts(t, env.log.String())
 	k := "10.0.0.5/" + policybpf.PolicyStrict.String()
 	t.Logf("%d denied, %d events read, %d lines logged, %d in summaries", flood, last, logged[k], suppressed[k])

@@ -76,6 +76,9 @@ type Event struct {
 	// attached to it), Ifindex its index.
 	Device  string `json:"device,omitempty"`
 	Ifindex uint32 `json:"ifindex"`
+	// Audited: the policy denied the packet and audit mode
+	// (--policy-audit-mode) passed it.
+	Audited bool `json:"audited,omitempty"`
 	// Missed is how many events this client missed just before this one
 	// (it read too slowly).
 	Missed uint64 `json:"missed,omitempty"`
@@ -249,10 +252,14 @@ func (e *Events) handle(raw []byte) error {
 	// The log line is limited per pod and reason (eventlog.go); the event
 	// is kept and served all the same.
 	now := e.now()
-	logged, summaries := e.limiter.allow(eventLogKey{ev.Pod, ev.Reason}, now)
+	logged, summaries := e.limiter.allow(eventLogKey{ev.Pod, ev.Reason, ev.Audited}, now)
 	logSuppressed(e.log, summaries, now)
 	if logged {
-		e.log.Info("Policy denied",
+		msg := "Policy denied"
+		if ev.Audited {
+			msg = "Policy would deny (audit mode: passed)"
+		}
+		e.log.Info(msg,
 			"pod", ev.Pod, "peer", ev.Peer, "protocol", policybpf.ProtocolName(uint32(ev.Protocol)),
 			"sport", ev.SrcPort, "dport", ev.DstPort, "direction", ev.Direction, "step", ev.Step,
 			"object", objectText(ev), "reason", ev.ReasonText, "device", ev.Device)
@@ -268,7 +275,7 @@ func (e *Events) event(pe policybpf.PolicyEvent) Event {
 		Time: e.now(), Direction: pe.Direction.String(), Pod: pe.Pod(), Peer: pe.Peer(),
 		Protocol: pe.Protocol, SrcPort: pe.SrcPort, DstPort: pe.DstPort, Step: pe.Step.String(),
 		ObjectID: pe.Object, Reason: pe.Reason, ReasonText: pe.Reason.String(),
-		Device: e.device(pe.Ifindex), Ifindex: pe.Ifindex,
+		Device: e.device(pe.Ifindex), Ifindex: pe.Ifindex, Audited: pe.Audited,
 	}
 	if e.names != nil && pe.Step != policybpf.StepNone {
 		q := VerdictQuery{Direction: ev.Direction, Pod: ev.Pod, Peer: ev.Peer, Protocol: uint32(pe.Protocol), Port: pe.DstPort}

@@ -133,6 +133,9 @@ func (p *programs) openState() (map[string]*ebpf.Map, error) {
 	if p.settings.Events {
 		mode |= policybpf.PolicyModeEvents
 	}
+	if p.settings.Audit {
+		mode |= policybpf.PolicyModeAudit
+	}
 	if err := policybpf.SetPolicyMode(out[policybpf.PolicyModeMapName], mode); err != nil {
 		closeAll()
 		return nil, err

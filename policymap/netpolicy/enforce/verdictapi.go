@@ -50,8 +50,11 @@ type VerdictQuery struct {
 
 // VerdictResult is the program's verdict on one query.
 type VerdictResult struct {
-	Allow  bool                   `json:"allow"`
-	Reason policybpf.PolicyReason `json:"reason"`
+	// Allow: the packet passes; with Audited, only because the agent runs
+	// in audit mode (--policy-audit-mode): the policy denies it.
+	Allow   bool                   `json:"allow"`
+	Audited bool                   `json:"audited,omitempty"`
+	Reason  policybpf.PolicyReason `json:"reason"`
 	// Step is the deciding step: admin, namespace, baseline or default.
 	Step string `json:"step"`
 	// Object names the deciding object ("ClusterPolicyEndpoint/name",
@@ -185,7 +188,7 @@ func (v *Verdicts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			agentapi.WriteError(w, http.StatusServiceUnavailable, "run", fmt.Errorf("query %d: %w", i, err))
 			return
 		}
-		answer.Results[i] = VerdictResult{Allow: res.Allow, Reason: res.Reason, Step: res.Step.String(), Interval: res.Interval}
+		answer.Results[i] = VerdictResult{Allow: res.Allow, Audited: res.Audited, Reason: res.Reason, Step: res.Step.String(), Interval: res.Interval}
 		if v.names != nil {
 			answer.Results[i].Object = v.names(dirs[i], req.Queries[i], res)
 		}

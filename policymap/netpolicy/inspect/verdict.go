@@ -95,7 +95,10 @@ func (v Verdict) decidingEntry() *KernelPolicyEntry {
 // [<map> <peer prefix>: <ports>]", the key and interval that decided.
 func (v Verdict) String() string {
 	word := "DENY"
-	if v.Result.Allow {
+	switch {
+	case v.Result.Audited:
+		word = "AUDIT" // the policy denies it; audit mode passes it
+	case v.Result.Allow:
 		word = "ALLOW"
 	}
 	var b strings.Builder
