@@ -3,6 +3,8 @@ package agenttest
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -62,7 +64,17 @@ func measureCiliumAgent(b *testing.B) []figure {
 	configB := []string{"10.0.0.0/8", "172.16.0.0/12", "100.64.0.0/10"}
 
 	rssAtRest := func(binary string) float64 {
-		a := newAgent(b, e.bins, e.node, e.cluster, celltest.MountBPFFS(b), e.libDir)
+		bpfRoot := celltest.MountBPFFS(b)
+		// On a node the bpffs holds tc/globals before the agent starts
+		// (Cilium's init container, earlier runs). Upstream's agent pins
+		// its metrics map in a start hook, before it makes the directory:
+		// on a bare bpffs it fails ("pin map to .../tc/globals/cilium_metrics:
+		// no such file or directory"). enimasq's cells make the directory
+		// themselves.
+		if err := os.MkdirAll(filepath.Join(bpfRoot, "tc", "globals"), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		a := newAgent(b, e.bins, e.node, e.cluster, bpfRoot, e.libDir)
 		a.binary = binary
 		a.writeConfig(configA...)
 		a.start()
