@@ -133,7 +133,13 @@ func (v *Verdicts) program(r *http.Request) (*policybpf.PolicyProgram, error) {
 			if err != nil {
 				return nil, fmt.Errorf("mode map: %w", err)
 			}
-			if err := policybpf.SetPolicyMode(mode, v.settings.Mode); err != nil {
+			// The node's mode, audit included (a verdict says AUDIT as
+			// the programs on the devices judge); events off.
+			m := v.settings.Mode
+			if v.settings.Audit {
+				m |= policybpf.PolicyModeAudit
+			}
+			if err := policybpf.SetPolicyMode(mode, m); err != nil {
 				mode.Close()
 				return nil, err
 			}
