@@ -83,6 +83,9 @@ func TestPrivilegedNetworkPolicyAuditMode(t *testing.T) {
 	if !strings.Contains(events, `"audited": true`) && !strings.Contains(events, `"audited":true`) {
 		t.Errorf("the events served are not audited:\n%.2000s", events)
 	}
+	if lines := a.MustDbg("policy", "events", "--follow=false"); !strings.Contains(lines, "AUDIT (passed, would deny): ") {
+		t.Errorf("policy events does not mark the audited packets:\n%.2000s", lines)
+	}
 	if v := a.MustDbg("policy", "verdict", "--pod", podA, "--peer", policyPeerIP, "--direction", "ingress", "--proto", "tcp", "--port", "80"); !strings.HasPrefix(v, "AUDIT ") {
 		t.Errorf("policy verdict in audit mode: %s, want AUDIT", v)
 	}

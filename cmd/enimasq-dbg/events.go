@@ -146,6 +146,9 @@ func policyEventLine(ev enforce.Event) string {
 	if reason == "" {
 		reason = ev.Reason.String()
 	}
+	if ev.Audited {
+		reason = "AUDIT (passed, would deny): " + reason
+	}
 	return fmt.Sprintf("%s %-7s %-15s %-15s %-10s %-9s %s %s",
 		ev.Time.Local().Format("2006-01-02T15:04:05.000Z07:00"), ev.Direction, addr(ev.Pod), addr(ev.Peer), proto, ev.Step, object, reason)
 }
