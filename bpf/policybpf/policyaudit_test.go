@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
-	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/cells/celltest"
 )
 
@@ -24,48 +22,8 @@ import (
 // mode off again, the same packets are denied at once.
 func TestPrivilegedPolicyAuditMode(t *testing.T) {
 	celltest.RequireRoot(t)
-	maps := map[string]*ebpf.Map{}
-	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
-		t.Helper()
-		m, err := bpf.NewUnpinnedMap(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		maps[spec.Name] = m
-		return m
-	}
-	for _, d := range []Direction{Egress, Ingress} {
-		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
-			newMap(PolicyMapSpec(d, f, 64))
-			newMap(ClusterMapSpec(d, f, 64))
-		}
-	}
-	for _, name := range []string{PolicyVerdictsMapName, PolicyEventsMapName, PolicyModeMapName, PolicyCTMapName} {
-		spec, err := PolicyStateSpec(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		spec.MaxEntries = max(spec.MaxEntries, 1)
-		if name == PolicyCTMapName {
-			spec.MaxEntries = 64
-		}
-		newMap(spec)
-	}
-	put := func(mapName, pod, peer string, v *PolicyValue) {
-		t.Helper()
-		key, err := bpf.EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _, err := v.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := maps[mapName].Put(key, b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	maps := newProgramMaps(t, PolicyVerdictsMapName, PolicyEventsMapName, PolicyModeMapName, PolicyCTMapName)
+	put := func(mapName, pod, peer string, v *PolicyValue) { t.Helper(); putPolicy(t, maps, mapName, pod, peer, v) }
 	const (
 		pod      = "10.0.0.5" // egress isolated: udp/53 to 10.0.0.0/8; Admin denies 10.9.0.0/16
 		pod6     = "2001:db8::5"

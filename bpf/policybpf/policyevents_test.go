@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/enimasq/enimasq/bpf"
@@ -204,48 +203,11 @@ func FuzzParsePolicyEvent(f *testing.F) {
 // and the ring buffer holds exactly the packets dropped.
 func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	celltest.RequireRoot(t)
-	maps := map[string]*ebpf.Map{}
-	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
-		t.Helper()
-		m, err := bpf.NewUnpinnedMap(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		maps[spec.Name] = m
-		return m
-	}
-	for _, d := range []Direction{Egress, Ingress} {
-		for _, f := range []bpf.Family{bpf.IPv4, bpf.IPv6} {
-			newMap(PolicyMapSpec(d, f, 64))
-			newMap(ClusterMapSpec(d, f, 64))
-		}
-	}
-	state := map[string]*ebpf.Map{}
-	for _, name := range []string{PolicyVerdictsMapName, PolicyEventsMapName, PolicyModeMapName} {
-		spec, err := PolicyStateSpec(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		state[name] = newMap(spec)
-	}
-	if err := SetPolicyMode(state[PolicyModeMapName], PolicyModeStandard|PolicyModeEvents); err != nil {
+	maps := newProgramMaps(t, PolicyVerdictsMapName, PolicyEventsMapName, PolicyModeMapName)
+	if err := SetPolicyMode(maps[PolicyModeMapName], PolicyModeStandard|PolicyModeEvents); err != nil {
 		t.Fatal(err)
 	}
-	put := func(mapName, pod, peer string, v *PolicyValue) {
-		t.Helper()
-		key, err := bpf.EncodePolicyKey(netip.MustParseAddr(pod), netip.MustParsePrefix(peer))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, spill, err := v.Encode()
-		if err != nil || len(spill) > 0 {
-			t.Fatalf("encode %s: %v (%d chunks)", v, err, len(spill))
-		}
-		if err := maps[mapName].Put(key, b); err != nil {
-			t.Fatalf("put %s %s %s: %v", mapName, pod, peer, err)
-		}
-	}
+	put := func(mapName, pod, peer string, v *PolicyValue) { t.Helper(); putPolicy(t, maps, mapName, pod, peer, v) }
 	const (
 		pod4     = "10.0.0.5" // NetworkPolicy: egress udp/53 to 10.0.0.0/8; Admin denies 10.9.0.0/16
 		podBase  = "10.0.0.7" // Baseline: denies egress tcp to 10.8.0.0/16, accepts ingress from anywhere
@@ -266,13 +228,13 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	rd, err := ringbuf.NewReader(state[PolicyEventsMapName])
+	rd, err := ringbuf.NewReader(maps[PolicyEventsMapName])
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rd.Close()
 
-	before, err := ReadPolicyVerdicts(state[PolicyVerdictsMapName])
+	before, err := ReadPolicyVerdicts(maps[PolicyVerdictsMapName])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +303,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 		t.Fatalf("ARP frame: %+v %v", res, err)
 	}
 
-	after, err := ReadPolicyVerdicts(state[PolicyVerdictsMapName])
+	after, err := ReadPolicyVerdicts(maps[PolicyVerdictsMapName])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,26 +314,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 		}
 	}
 
-	rd.SetDeadline(time.Now().Add(time.Second))
-	var got []PolicyEvent
-	for {
-		rec, err := rd.Read()
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := ParsePolicyEvent(rec.RawSample)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, e)
-		if len(got) == len(wantEvents) {
-			// The rest, if any, without waiting.
-			rd.SetDeadline(time.Now())
-		}
-	}
+	got := readEvents(t, rd, len(wantEvents))
 	if len(got) != len(wantEvents) {
 		t.Fatalf("%d events, want %d:\n%v", len(got), len(wantEvents), got)
 	}
@@ -387,7 +330,7 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	}
 
 	// Events off: the counters count, the ring buffer stays empty.
-	if err := SetPolicyMode(state[PolicyModeMapName], PolicyModeStandard); err != nil {
+	if err := SetPolicyMode(maps[PolicyModeMapName], PolicyModeStandard); err != nil {
 		t.Fatal(err)
 	}
 	frame, _ := PolicyTestFrame(netip.MustParseAddr(pod4), netip.MustParseAddr("10.1.2.3"), uint8(ProtocolTCP), 1, 80)
@@ -398,14 +341,14 @@ func TestPrivilegedPolicyVerdictsAndEvents(t *testing.T) {
 	if rec, err := rd.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("events off: %x %v, want no event", rec.RawSample, err)
 	}
-	last, err := ReadPolicyVerdicts(state[PolicyVerdictsMapName])
+	last, err := ReadPolicyVerdicts(maps[PolicyVerdictsMapName])
 	if err != nil {
 		t.Fatal(err)
 	}
 	if i := VerdictCounterIndex(true, true, StepNamespace); last[i] != after[i]+1 {
 		t.Errorf("events off: counter %d %d -> %d, want one more", i, after[i], last[i])
 	}
-	if _, err := ReadPolicyVerdicts(state[PolicyModeMapName]); err == nil || !strings.Contains(err.Error(), "per-CPU array") {
+	if _, err := ReadPolicyVerdicts(maps[PolicyModeMapName]); err == nil || !strings.Contains(err.Error(), "per-CPU array") {
 		t.Errorf("ReadPolicyVerdicts of the mode map: %v", err)
 	}
 }

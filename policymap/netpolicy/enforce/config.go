@@ -49,7 +49,7 @@ type Settings struct {
 // modeText says the mode as health and status say it: "strict mode",
 // "standard mode, audit: denied packets pass".
 func (s Settings) modeText() string {
-	t := (s.Mode &^ (policybpf.PolicyModeEvents | policybpf.PolicyModeAudit)).String() + " mode"
+	t := s.Mode.String() + " mode"
 	if s.Audit {
 		t += ", audit: denied packets pass"
 	}

@@ -40,7 +40,7 @@ func newVerdictCounters(s Settings) *verdictCounters {
 		Name: metrics.Namespace + "_policy_enforcement_info",
 		Help: "The mode of the network-policy programs: mode (standard, strict) and audit (true: a packet the policy denies passes, --policy-audit-mode); always 1",
 		ConstLabels: prometheus.Labels{
-			"mode":  (s.Mode &^ (policybpf.PolicyModeEvents | policybpf.PolicyModeAudit)).String(),
+			"mode":  s.Mode.String(),
 			"audit": strconv.FormatBool(s.Audit),
 		},
 	})
