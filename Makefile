@@ -5,7 +5,7 @@ BIN       := bin
 GOFLAGS_T ?= -race -count=1
 SAMPLES   ?= $(abspath test/testdata/samples)
 
-.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins aws-np-controller crds cilium-agent test-cilium test-unprivileged test-manifests
+.PHONY: all build test bench demo generate docs check-fmt vet staticcheck clean k8s-bins aws-np-controller coredns crds cilium-agent test-cilium test-unprivileged test-manifests
 
 all: build
 
@@ -41,8 +41,8 @@ staticcheck:
 # kube-apiserver (k8s.io/kubernetes v1.37.2) and etcd (v3.6.16) for the tests
 # against a real API server (test/k8stest), built from the Go module proxy once and
 # cached in ~/.cache/enimasq/ (about 10 minutes the first time, then instant);
-# with them, the AWS network policy controller.
-k8s-bins: aws-np-controller
+# with them, the AWS network policy controller and CoreDNS.
+k8s-bins: aws-np-controller coredns
 	GO=$(GO) test/k8stest/apiserver-build/build.sh
 
 # The AWS network policy controller v1.1.10, the writer of the PolicyEndpoints
@@ -52,6 +52,14 @@ k8s-bins: aws-np-controller
 # with its module's CRDs (a few minutes the first time, then instant).
 aws-np-controller:
 	GO=$(GO) test/k8stest/controller-build/build.sh
+
+# CoreDNS v1.15.0 (every in-tree plugin), the real resolver of the tests
+# that need one (test/coredns_helpers_test.go): built from the Go module
+# proxy once (go install of its own module, so its pinned dependencies) and
+# cached in ~/.cache/enimasq/coredns-v1.15.0 (about 9 minutes the first
+# time, then instant).
+coredns:
+	GO=$(GO) test/k8stest/coredns-build/build.sh
 
 # Copies the controller's PolicyEndpoint and ClusterPolicyEndpoint CRDs from
 # its module at the pinned version into Documentation/deploy/network-policy/crds

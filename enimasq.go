@@ -36,6 +36,7 @@ var Agent = cell.Group(
 	infra.Infrastructure,
 	Features,
 	netpolicy.AuditCell,
+	netpolicy.FQDNCell,
 	cell.Provide(mountIPAMAPI, mountPolicyAPI),
 )
 

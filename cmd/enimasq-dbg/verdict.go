@@ -86,7 +86,10 @@ type verdictJSON struct {
 	// Program says which program judged: "agent" (the one the agent
 	// keeps loaded) or "loaded" (loaded by this call).
 	Program string `json:"program,omitempty"`
-	Error   string `json:"error,omitempty"`
+	// Names are the names the pod was told the peer is (policy-fqdn): an
+	// address a domainName entry allows.
+	Names []string `json:"names,omitempty"`
+	Error string   `json:"error,omitempty"`
 }
 
 func toJSON(v netpolicy.Verdict) verdictJSON {
@@ -161,7 +164,13 @@ func policyCommand(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printVerdicts(cmd.OutOrStdout(), format, program, stdin, exitCode, lines, verdicts, verrs)
+			names := func(v netpolicy.Verdict) []string {
+				if !v.Result.Allow || v.Query.Direction != policybpf.Egress {
+					return nil
+				}
+				return namesBehind(o, v.Query.Pod, v.Query.Peer)
+			}
+			return printVerdicts(cmd.OutOrStdout(), format, program, stdin, exitCode, lines, verdicts, verrs, names)
 		},
 	}
 	q.register(verdict.Flags())
@@ -170,11 +179,13 @@ func policyCommand(o *options) *cobra.Command {
 	verdict.MarkFlagsMutuallyExclusive("stdin", "pod")
 	verdict.MarkFlagsMutuallyExclusive("stdin", "peer")
 	outputFlag(verdict, &format)
-	cmd.AddCommand(verdict, policyEventsCommand(o))
+	cmd.AddCommand(verdict, policyEventsCommand(o), policyFQDNCommand(o))
 	return cmd
 }
 
-func printVerdicts(w io.Writer, format, program string, many, exitCode bool, lines []string, verdicts []netpolicy.Verdict, errs []error) error {
+// printVerdicts prints the verdicts; names gives the names behind an
+// allowed peer (nil: none).
+func printVerdicts(w io.Writer, format, program string, many, exitCode bool, lines []string, verdicts []netpolicy.Verdict, errs []error, names func(netpolicy.Verdict) []string) error {
 	failed, denied := 0, false
 	var out []verdictJSON
 	for i, v := range verdicts {
@@ -188,10 +199,16 @@ func printVerdicts(w io.Writer, format, program string, many, exitCode bool, lin
 			continue
 		}
 		denied = denied || !v.Result.Allow
+		var behind []string
+		if names != nil {
+			behind = names(v)
+		}
 		if format != "" {
 			j := toJSON(v)
-			j.Program = program
+			j.Program, j.Names = program, behind
 			out = append(out, j)
+		} else if len(behind) > 0 {
+			fmt.Fprintf(w, "%s (fqdn: %s)\n", v, strings.Join(behind, ", "))
 		} else {
 			fmt.Fprintln(w, v)
 		}

@@ -19,7 +19,9 @@ import (
 //     policy-endpoints;
 //   - compile: policy-endpoints → policy-map-entries → the policy maps;
 //   - enforce: the pods of policy-endpoints → the programs on their
-//     devices (policy-attachments, policy-bindings).
+//     devices (policy-attachments, policy-bindings);
+//   - fqdn: the lookups of the pods that name rules select → policy-fqdn
+//     (the names' addresses, which compile allows).
 //
 // This package alone turns the flags into the parts' settings
 // (newPartSettings) and hands enforce what it needs of the others
@@ -32,4 +34,5 @@ var Cell = cell.Group(
 	compile.Cell,
 	cell.Provide(policyScriptCommands),
 	enforceCells,
+	fqdnCells,
 )

@@ -108,6 +108,7 @@ type mapsParams[T policyRow[T], K kind[T]] struct {
 	Common registration
 
 	Objects   statedb.Table[T]
+	Names     statedb.Table[*endpoints.DNSName]
 	Entries   statedb.RWTable[*MapEntry[K]]
 	Versions  statedb.RWTable[*PodVersions]
 	Ops       *policymap.Maps[*MapEntry[K]]
@@ -186,6 +187,7 @@ func registerMaps[T policyRow[T], K kind[T]](p mapsParams[T, K]) error {
 		log:       c.Log,
 		db:        c.DB,
 		endpoints: p.Objects,
+		names:     p.Names,
 		entries:   p.Entries,
 		versions:  p.Versions,
 		state:     p.Versioned,

@@ -60,7 +60,10 @@ type deriver[T policyRow[T], K kind[T]] struct {
 	log       *slog.Logger
 	db        *statedb.DB
 	endpoints statedb.Table[T]
-	entries   statedb.RWTable[*MapEntry[K]]
+	// names are the addresses pods were told of the names of name rules
+	// (names.go); nil in tests without them.
+	names   statedb.Table[*endpoints.DNSName]
+	entries statedb.RWTable[*MapEntry[K]]
 	// versions are the pods' versions (versions.go): a pod whose entries
 	// change gets a new version, written whole.
 	versions statedb.RWTable[*PodVersions]
@@ -158,13 +161,26 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 		return nil
 	}
 	var k K
-	wtxn := d.db.WriteTxn(d.endpoints, d.versions)
+	tables := []statedb.TableMeta{d.endpoints, d.versions}
+	if d.names != nil {
+		tables = append(tables, d.names)
+	}
+	wtxn := d.db.WriteTxn(tables...)
 	changes, err := d.endpoints.Changes(wtxn)
 	if err != nil {
 		wtxn.Abort()
 		return fmt.Errorf("watch %s: %w", d.endpoints.Name(), err)
 	}
 	defer changes.Close()
+	var nameChanges statedb.ChangeIterator[*endpoints.DNSName]
+	if d.names != nil {
+		if nameChanges, err = d.names.Changes(wtxn); err != nil {
+			wtxn.Abort()
+			return fmt.Errorf("watch %s: %w", d.names.Name(), err)
+		}
+		defer nameChanges.Close()
+	}
+	namesSeen := map[string]*endpoints.DNSName{}
 	versionChanges, err := d.versions.Changes(wtxn)
 	wtxn.Commit()
 	if err != nil {
@@ -192,6 +208,12 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 	for {
 		// Newer changes first: they become the front batch.
 		affected, watch := d.nextChanges(changes)
+		var namesWatch <-chan struct{}
+		if nameChanges != nil {
+			var batch func(func(statedb.Change[*endpoints.DNSName], statedb.Revision) bool)
+			batch, namesWatch = nameChanges.Next(d.db.ReadTxn())
+			affected = mergeAddrs(affected, namesChanged(batch, namesSeen))
+		}
 		if len(affected) > 0 {
 			if d.queue.empty() && len(d.compiling) == 0 {
 				start, held, pods, written = time.Now(), 0, 0, 0
@@ -260,6 +282,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			since := time.Now()
 			select {
 			case <-watch:
+			case <-namesWatch:
 			case <-versionWatch:
 			case <-window:
 			case r := <-d.results:
@@ -286,6 +309,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 
 		select {
 		case <-watch:
+		case <-namesWatch:
 		case <-versionWatch:
 		case <-initWatch:
 		case r := <-d.results:

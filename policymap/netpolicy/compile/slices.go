@@ -23,6 +23,10 @@ type policyRow[T any] interface {
 	sliceRow
 	SamePolicy(T) bool
 	PodEntries() []endpoints.PodEndpoint
+	// NameRules and WithNameIPs: the object's rules whose peers are
+	// domain names, and the object with them given addresses (names.go).
+	NameRules() []endpoints.NameRule
+	WithNameIPs(func(endpoints.NameRule) []netip.Addr) T
 }
 
 // changedPods follows the changes of one kind of policy object for a

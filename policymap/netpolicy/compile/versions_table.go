@@ -39,6 +39,11 @@ type TierVersions struct {
 	// Failed is why Want cannot come into force (an entry the kernel
 	// refuses), while it cannot.
 	Failed string
+	// Names is the revision of policy-fqdn that Want was compiled from,
+	// for a pod with name rules of the tier (names.go): once Active is
+	// Want and the row Done, the kernel holds every address the pod was
+	// told up to that revision.
+	Names statedb.Revision `json:",omitempty"`
 }
 
 func (t TierVersions) text() string {

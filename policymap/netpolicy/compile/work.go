@@ -43,7 +43,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			}
 			w = &podWrite[K]{pod: pod, stale: stale}
 		} else if w == nil {
-			desired, ok := d.desired(ctx, wtxn, pod)
+			desired, names, ok := d.desired(ctx, wtxn, pod)
 			if !ok {
 				continue // compiling in the background
 			}
@@ -52,9 +52,9 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			d.noteBad(pod, desired)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
 			var next TierVersions
-			var changed bool
-			w, next, changed = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
-			if changed && next != tv {
+			w, next, _ = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
+			next.Names = max(next.Names, names)
+			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
 			}
 		}
@@ -94,30 +94,33 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 	return pods, written, mark
 }
 
-// desired compiles a pod's entries; false while its selection compiles in
-// the background (the pod waits for it).
-func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) ([]*MapEntry[K], bool) {
+// desired compiles a pod's entries, and returns the revision of
+// policy-fqdn they were compiled from if its objects have name rules;
+// false while its selection compiles in the background (the pod waits for
+// it).
+func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) ([]*MapEntry[K], statedb.Revision, bool) {
 	var k K
 	var desired []*MapEntry[K]
 	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
-		return nil, true
+		return nil, 0, true
 	}
 	listing := statedb.Collect(d.endpoints.List(wtxn, k.podIndex().Query(pod)))
 	sel, ok := selectionOf(pod, d.unions.of(wtxn, listing), listing, d.hostsOf(pod))
 	if !ok {
-		return nil, true
+		return nil, 0, true
 	}
+	sel, names := d.named(wtxn, pod, sel, listing)
 	key := sel.key()
 	c, ok := d.templates[key]
 	ts := c.templates
 	if !ok {
 		if bc := d.compiling[key]; bc != nil {
 			bc.waiting[pod] = struct{}{}
-			return nil, false
+			return nil, 0, false
 		}
 		if k.weight(sel) > backgroundWeight {
 			d.compileInBackground(ctx, key, sel, pod)
-			return nil, false
+			return nil, 0, false
 		}
 		ts = k.compile(sel)
 		d.templates[key] = compiled[T]{sel: sel, templates: ts}
@@ -125,7 +128,7 @@ func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 	for _, t := range ts {
 		desired = stamp(t, desired, pod)
 	}
-	return desired, true
+	return desired, names, true
 }
 
 // hostsOf returns the function that finds pod's entry in an object.

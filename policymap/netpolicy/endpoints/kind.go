@@ -196,3 +196,12 @@ func podList(pods []PodEndpoint, sep string) string {
 	}
 	return strings.Join(ips, ",")
 }
+
+// egressText is a row's Egress column: its rules, and its name rules if
+// any.
+func egressText(rules, names int) string {
+	if names == 0 {
+		return fmt.Sprintf("%d rules", rules)
+	}
+	return fmt.Sprintf("%d rules, %d names", rules, names)
+}

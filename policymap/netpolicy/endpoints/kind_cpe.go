@@ -3,6 +3,7 @@ package endpoints
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/statedb"
 
@@ -56,6 +57,9 @@ type ClusterPolicyEndpoint struct {
 	Pods    []PodEndpoint
 	Ingress []ClusterRule `json:",omitempty"`
 	Egress  []ClusterRule `json:",omitempty"`
+	// EgressNames are the egress entries whose peer is a domain name
+	// (names.go), each with its action.
+	EgressNames []NameRule `json:",omitempty"`
 	// Warnings are accepted oddities, each naming the field.
 	Warnings []string `json:",omitempty"`
 	// Unknown are the paths of the fields the object has that enimasq
@@ -135,6 +139,27 @@ func (c *ClusterPolicyEndpoint) Rules(d policybpf.Direction) []ClusterRule {
 	return c.Egress
 }
 
+// NameRules are the object's egress entries with a domain name.
+func (c *ClusterPolicyEndpoint) NameRules() []NameRule { return c.EgressNames }
+
+// WithNameIPs returns the object with its name rules replaced by rules of
+// one address each, the addresses ips gives a rule, with the rule's ports
+// and action; the object itself if it has no name rules.
+func (c *ClusterPolicyEndpoint) WithNameIPs(ips func(NameRule) []netip.Addr) *ClusterPolicyEndpoint {
+	if len(c.EgressNames) == 0 {
+		return c
+	}
+	o := *c
+	o.Egress = slices.Clone(c.Egress)
+	for _, r := range c.EgressNames {
+		for _, ip := range ips(r) {
+			o.Egress = append(o.Egress, ClusterRule{CIDR: netip.PrefixFrom(ip, ip.BitLen()), Ports: r.Ports, Action: r.Action})
+		}
+	}
+	o.EgressNames = nil
+	return &o
+}
+
 // PodEntry returns the object's entry for a pod IP.
 func (c *ClusterPolicyEndpoint) PodEntry(pod netip.Addr) (PodEndpoint, bool) {
 	return podEntry(c.Pods, pod)
@@ -152,7 +177,7 @@ func (c *ClusterPolicyEndpoint) TableRow() []string {
 		fmt.Sprint(c.Priority),
 		podList(c.Pods, ","),
 		fmt.Sprintf("%d rules", len(c.Ingress)),
-		fmt.Sprintf("%d rules", len(c.Egress)),
+		egressText(len(c.Egress), len(c.EgressNames)),
 		warningsText(c.Warnings, c.Unknown),
 		c.Invalid,
 	}

@@ -3,6 +3,7 @@ package endpoints
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -34,6 +35,9 @@ type PolicyEndpoint struct {
 	Pods    []PodEndpoint
 	Ingress []Rule
 	Egress  []Rule
+	// EgressNames are the egress entries whose peer is a domain name
+	// (names.go): they allow what the pods were told the names are.
+	EgressNames []NameRule `json:",omitempty"`
 	// Warnings are accepted oddities, each naming the field: items of
 	// another family dropped, host bits cleared, excepts outside their
 	// cidr, duplicates.
@@ -129,6 +133,27 @@ func (pe *PolicyEndpoint) Rules(d policybpf.Direction) []Rule {
 	return pe.Egress
 }
 
+// NameRules are the object's egress entries with a domain name.
+func (pe *PolicyEndpoint) NameRules() []NameRule { return pe.EgressNames }
+
+// WithNameIPs returns the object with its name rules replaced by CIDR
+// rules of one address each, the addresses ips gives a rule, with the
+// rule's ports; the object itself if it has no name rules.
+func (pe *PolicyEndpoint) WithNameIPs(ips func(NameRule) []netip.Addr) *PolicyEndpoint {
+	if len(pe.EgressNames) == 0 {
+		return pe
+	}
+	c := *pe
+	c.Egress = slices.Clone(pe.Egress)
+	for _, r := range pe.EgressNames {
+		for _, ip := range ips(r) {
+			c.Egress = append(c.Egress, Rule{CIDR: netip.PrefixFrom(ip, ip.BitLen()), Ports: r.Ports})
+		}
+	}
+	c.EgressNames = nil
+	return &c
+}
+
 // Isolates reports whether the selected pods are isolated in direction d.
 func (pe *PolicyEndpoint) Isolates(d policybpf.Direction) bool {
 	if d == policybpf.Ingress {
@@ -177,7 +202,7 @@ func (pe *PolicyEndpoint) TableRow() []string {
 		pe.Isolation(),
 		pe.PodList(),
 		fmt.Sprintf("%d rules", len(pe.Ingress)),
-		fmt.Sprintf("%d rules", len(pe.Egress)),
+		egressText(len(pe.Egress), len(pe.EgressNames)),
 		warningsText(pe.Warnings, pe.Unknown),
 		pe.Invalid,
 	}

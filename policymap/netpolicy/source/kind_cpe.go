@@ -54,7 +54,7 @@ var clusterPolicyEndpoints = &kind[ClusterPolicyEndpoint, *ClusterPolicyEndpoint
 	lenient: lenientClusterPolicyEndpoint,
 	failClosed: func(cpe *ClusterPolicyEndpoint) string {
 		cpe.Tier, cpe.Priority = endpoints.TierAdmin, 0
-		cpe.Ingress, cpe.Egress = nil, nil
+		cpe.Ingress, cpe.Egress, cpe.EgressNames = nil, nil, nil
 		return "denied everything but their node, in both directions, at the top of the Admin tier"
 	},
 	forNode: forNode,
@@ -127,8 +127,8 @@ func (v *cpeValidator) spec(path *field.Path, obj *clusterPolicyEndpointObject) 
 		return
 	}
 	v.cpe.Pods = v.pods(path.Child("podSelectorEndpoints"), spec.PodSelectorEndpoints)
-	v.cpe.Ingress = v.rules(path.Child("ingress"), spec.Ingress, "Ingress")
-	v.cpe.Egress = v.rules(path.Child("egress"), spec.Egress, "Egress")
+	v.cpe.Ingress, _ = v.rules(path.Child("ingress"), spec.Ingress, "Ingress")
+	v.cpe.Egress, v.cpe.EgressNames = v.rules(path.Child("egress"), spec.Egress, "Egress")
 }
 
 // actions are the rule actions of the CRD (ClusterNetworkPolicyRuleAction).
@@ -136,19 +136,26 @@ var actions = []string{string(endpoints.ActionAccept), string(endpoints.ActionDe
 
 // rules reads the rules of a direction. Each needs an action. domainName
 // is egress-only (the CRD's ClusterEndpointInfo), as for PolicyEndpoints:
-// on an ingress entry it is an error. An egress entry without a cidr is
-// skipped, with a warning: the AWS agent v1.5.0 skips it
+// on an ingress entry it is an error. An egress entry with a domainName and
+// no cidr (a ClusterNetworkPolicy's domainNames peer) is a name rule,
+// returned apart, with its action; one with neither is skipped, with a
+// warning, as the AWS agent v1.5.0 skips both
 // (controllers/clusterpolicyendpoints_controller.go, the egress loop of
-// deriveClusterPolicyIngressAndEgressFirewallRules, line 425: "CIDR is
-// empty, skipping the egress rule"); with a cidr, the cidr applies and the
+// deriveClusterPolicyIngressAndEgressFirewallRules: "CIDR is empty,
+// skipping the egress rule"); with a cidr, the cidr applies and the
 // domainName is not enforced. An ingress entry needs a cidr.
-func (v *cpeValidator) rules(path *field.Path, in []clusterEndpointInfo, dir string) []ClusterRule {
+func (v *cpeValidator) rules(path *field.Path, in []clusterEndpointInfo, dir string) ([]ClusterRule, []endpoints.NameRule) {
 	var out []ClusterRule
+	var names []endpoints.NameRule
 	for i, r := range in {
 		p := path.Index(i)
 		action := v.action(p.Child("action"), r.Action)
 		ports := v.ports(p.Child("ports"), r.Ports)
-		if !v.peer(p, dir, r.CIDR, r.DomainName, fmt.Sprintf("skipped, its %s applies to nothing", r.Action)) {
+		read, name := v.peer(p, dir, r.CIDR, r.DomainName, fmt.Sprintf("skipped, its %s applies to nothing", r.Action))
+		if name != "" && action != "" {
+			names = append(names, endpoints.NameRule{Pattern: name, Ports: ports, Action: action})
+		}
+		if !read {
 			continue
 		}
 		cidr := v.prefix(p.Child("cidr"), r.CIDR)
@@ -156,7 +163,7 @@ func (v *cpeValidator) rules(path *field.Path, in []clusterEndpointInfo, dir str
 			out = append(out, ClusterRule{CIDR: cidr, Ports: ports, Action: action})
 		}
 	}
-	return out
+	return out, names
 }
 
 // action reads a rule's action: Accept, Deny or Pass, as the CRD's enum

@@ -39,7 +39,7 @@ var policyEndpoints = &kind[PolicyEndpoint, *PolicyEndpoint]{
 	},
 	lenient: lenientPolicyEndpoint,
 	failClosed: func(pe *PolicyEndpoint) string {
-		pe.Ingress, pe.Egress = nil, nil
+		pe.Ingress, pe.Egress, pe.EgressNames = nil, nil, nil
 		return fmt.Sprintf("isolated in %s, allowing nothing but their node", pe.Isolation())
 	},
 	join: func(stand, c *PolicyEndpoint) {
@@ -119,34 +119,41 @@ func (v *peValidator) spec(path *field.Path, obj *policyEndpointObject) {
 		*isolates = true
 	}
 	v.pe.Pods = v.pods(path.Child("podSelectorEndpoints"), spec.PodSelectorEndpoints)
-	v.pe.Ingress = v.rules(path.Child("ingress"), spec.Ingress, v.pe.IsolatesIngress, "Ingress")
-	v.pe.Egress = v.rules(path.Child("egress"), spec.Egress, v.pe.IsolatesEgress, "Egress")
+	v.pe.Ingress, _ = v.rules(path.Child("ingress"), spec.Ingress, v.pe.IsolatesIngress, "Ingress")
+	v.pe.Egress, v.pe.EgressNames = v.rules(path.Child("egress"), spec.Egress, v.pe.IsolatesEgress, "Egress")
 }
 
 // rules reads the rules of a direction; they have no effect unless the
-// pods are isolated in it. An egress entry without a cidr (a domainName
-// peer of the controller v1.5.0) allows nothing, with a warning: the AWS
-// agent v1.5.0 skips it (controllers/policyendpoints_controller.go, the
-// egress loop of deriveIngressAndEgressFirewallRules). domainName is
-// egress only (api/v1alpha1/policyendpoints_types.go).
-func (v *peValidator) rules(path *field.Path, in []endpointInfo, isolated bool, dir string) []Rule {
+// pods are isolated in it. An egress entry with a domainName and no cidr
+// (a domainName peer of the controller: an ApplicationNetworkPolicy's
+// domainNames) is a name rule, returned apart; one with neither allows
+// nothing, with a warning: the AWS agent v1.5.0 skips both
+// (controllers/policyendpoints_controller.go, the egress loop of
+// deriveIngressAndEgressFirewallRules). domainName is egress only
+// (api/v1alpha1/policyendpoints_types.go).
+func (v *peValidator) rules(path *field.Path, in []endpointInfo, isolated bool, dir string) ([]Rule, []endpoints.NameRule) {
 	var out []Rule
+	var names []endpoints.NameRule
 	for i, r := range in {
 		p := path.Index(i)
 		if r.CIDR == "" && dir == "Egress" {
 			v.excepts(p.Child("except"), r.Except, netip.Prefix{})
-			v.ports(p.Child("ports"), r.Ports)
+			ports := v.ports(p.Child("ports"), r.Ports)
+			if _, name := v.peer(p, dir, r.CIDR, r.DomainName, "allows nothing"); name != "" {
+				names = append(names, endpoints.NameRule{Pattern: name, Ports: ports})
+			}
+			continue
 		}
-		if !v.peer(p, dir, r.CIDR, r.DomainName, "allows nothing") {
+		if read, _ := v.peer(p, dir, r.CIDR, r.DomainName, "allows nothing"); !read {
 			continue
 		}
 		cidr := v.prefix(p.Child("cidr"), r.CIDR)
 		out = append(out, Rule{CIDR: cidr, Except: v.excepts(p.Child("except"), r.Except, cidr), Ports: v.ports(p.Child("ports"), r.Ports)})
 	}
-	if len(out) > 0 && !isolated {
-		v.warn(path, "%d rules, but podIsolation does not list %s: they have no effect", len(out), dir)
+	if n := len(out) + len(names); n > 0 && !isolated {
+		v.warn(path, "%d rules, but podIsolation does not list %s: they have no effect", n, dir)
 	}
-	return out
+	return out, names
 }
 
 // excepts parses a rule's excepts and keeps those that can matter: of the

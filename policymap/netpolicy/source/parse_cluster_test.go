@@ -151,8 +151,7 @@ func TestParseClusterWarnings(t *testing.T) {
 		egress     int
 	}{
 		{"host bits", "  egress: [{cidr: 10.1.2.3/8, action: Deny}]\n", []string{`spec.egress[0].cidr: "10.1.2.3/8" has host bits set: using 10.0.0.0/8`}, 1},
-		{"domainName without a cidr", "  egress: [{domainName: '*.example.com', ports: [{port: 443}], action: Deny}]\n",
-			[]string{`spec.egress[0]: domainName "*.example.com" without a cidr: skipped, its Deny applies to nothing (domain names are not enforced; the AWS agent skips the entry)`}, 0},
+		{"domainName without a cidr: a name rule", "  egress: [{domainName: '*.Example.com.', ports: [{port: 443}], action: Deny}]\n", nil, 0},
 		{"domainName and cidr", "  egress: [{cidr: 10.0.0.0/8, domainName: example.com, action: Accept}]\n",
 			[]string{`spec.egress[0].domainName: "example.com" is not enforced: the entry's cidr 10.0.0.0/8 is`}, 1},
 		{"neither", "  egress: [{action: Pass}]\n", []string{"spec.egress[0]: no cidr: skipped, its Pass applies to nothing (the AWS agent skips the entry)"}, 0},
@@ -289,9 +288,10 @@ func encodeClusterPolicyEndpoints(cpes []*ClusterPolicyEndpoint) ([]byte, error)
 		EndPort  uint16 `json:"endPort,omitempty"`
 	}
 	type rule struct {
-		CIDR   string `json:"cidr"`
-		Ports  []port `json:"ports,omitempty"`
-		Action string `json:"action"`
+		CIDR       string `json:"cidr,omitempty"`
+		DomainName string `json:"domainName,omitempty"`
+		Ports      []port `json:"ports,omitempty"`
+		Action     string `json:"action"`
 	}
 	type pod struct {
 		HostIP    string `json:"hostIP,omitempty"`
@@ -305,6 +305,17 @@ func encodeClusterPolicyEndpoints(cpes []*ClusterPolicyEndpoint) ([]byte, error)
 		for _, r := range rs {
 			o := rule{CIDR: r.CIDR.String(), Action: string(r.Action)}
 			for _, p := range r.Ports {
+				o.Ports = append(o.Ports, port{protoName[p.Protocol], p.Port, p.EndPort})
+			}
+			out = append(out, o)
+		}
+		return out
+	}
+	names := func(ns []endpoints.NameRule) []rule {
+		var out []rule
+		for _, n := range ns {
+			o := rule{DomainName: n.Pattern, Action: string(n.Action)}
+			for _, p := range n.Ports {
 				o.Ports = append(o.Ports, port{protoName[p.Protocol], p.Port, p.EndPort})
 			}
 			out = append(out, o)
@@ -331,7 +342,7 @@ func encodeClusterPolicyEndpoints(cpes []*ClusterPolicyEndpoint) ([]byte, error)
 				"priority":             cpe.Priority,
 				"podSelectorEndpoints": pods,
 				"ingress":              rules(cpe.Ingress),
-				"egress":               rules(cpe.Egress),
+				"egress":               append(rules(cpe.Egress), names(cpe.EgressNames)...),
 			},
 		})
 	}

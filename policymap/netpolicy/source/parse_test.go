@@ -13,6 +13,7 @@ import (
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 const samplePath = "../../../test/testdata/samples/policyendpoint-v6-except.yaml"
@@ -195,9 +196,10 @@ func encodePolicyEndpoints(pes []*PolicyEndpoint) ([]byte, error) {
 		EndPort  uint16 `json:"endPort,omitempty"`
 	}
 	type rule struct {
-		CIDR   string   `json:"cidr"`
-		Except []string `json:"except,omitempty"`
-		Ports  []port   `json:"ports,omitempty"`
+		CIDR       string   `json:"cidr,omitempty"`
+		DomainName string   `json:"domainName,omitempty"`
+		Except     []string `json:"except,omitempty"`
+		Ports      []port   `json:"ports,omitempty"`
 	}
 	type pod struct {
 		HostIP    string `json:"hostIP,omitempty"`
@@ -214,6 +216,17 @@ func encodePolicyEndpoints(pes []*PolicyEndpoint) ([]byte, error) {
 				o.Except = append(o.Except, e.String())
 			}
 			for _, p := range r.Ports {
+				o.Ports = append(o.Ports, port{protoName[p.Protocol], p.Port, p.EndPort})
+			}
+			out = append(out, o)
+		}
+		return out
+	}
+	names := func(ns []endpoints.NameRule) []rule {
+		var out []rule
+		for _, n := range ns {
+			o := rule{DomainName: n.Pattern}
+			for _, p := range n.Ports {
 				o.Ports = append(o.Ports, port{protoName[p.Protocol], p.Port, p.EndPort})
 			}
 			out = append(out, o)
@@ -247,7 +260,7 @@ func encodePolicyEndpoints(pes []*PolicyEndpoint) ([]byte, error) {
 				"podIsolation":         iso,
 				"podSelectorEndpoints": pods,
 				"ingress":              rules(pe.Ingress),
-				"egress":               rules(pe.Egress),
+				"egress":               append(rules(pe.Egress), names(pe.EgressNames)...),
 			},
 		})
 	}

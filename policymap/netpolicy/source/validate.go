@@ -9,6 +9,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/policybpf"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // The limits of one object, so that one object cannot take the agent's
@@ -83,26 +84,31 @@ func (v *validator) objectName(path *field.Path, s string) string {
 
 // peer checks a rule's peer as every kind does: a domainName is for
 // egress rules only (api/v1alpha1, EndpointInfo and ClusterEndpointInfo);
-// an egress entry without a cidr (a domainName peer of the controller
-// v1.5.0) is skipped, as the AWS agent v1.5.0 skips it, with a warning
-// that says what that does (effect); beside a cidr, a domainName is not
-// enforced. It says whether the entry's cidr is to be read.
-func (v *validator) peer(p *field.Path, dir, cidr, domainName, effect string) bool {
+// an egress entry with a domainName and no cidr (a domainName peer of the
+// controller) is a name rule: its canonical name is returned; an egress
+// entry with neither is skipped, as the AWS agent v1.5.0 skips it, with a
+// warning that says what that does (effect); beside a cidr, a domainName
+// is not enforced (the cidr is). It says whether the entry's cidr is to be
+// read.
+func (v *validator) peer(p *field.Path, dir, cidr, domainName, effect string) (readCIDR bool, name string) {
 	switch {
 	case domainName != "" && dir == "Ingress":
 		v.fail(field.Invalid(p.Child("domainName"), domainName, "is for egress rules only"))
-		return false
+		return false, ""
 	case cidr == "" && dir == "Egress":
-		if domainName != "" {
-			v.warn(p, "domainName %q without a cidr: %s (domain names are not enforced; the AWS agent skips the entry)", domainName, effect)
-		} else {
+		if domainName == "" {
 			v.warn(p, "no cidr: %s (the AWS agent skips the entry)", effect)
+			return false, ""
 		}
-		return false
+		name, err := endpoints.ParseDomainName(domainName)
+		if err != nil {
+			v.fail(field.Invalid(p.Child("domainName"), domainName, err.Error()))
+		}
+		return false, name
 	case domainName != "":
 		v.warn(p.Child("domainName"), "%q is not enforced: the entry's cidr %s is", domainName, cidr)
 	}
-	return true
+	return true, ""
 }
 
 // limit is one bound on an object's size.

@@ -1,0 +1,197 @@
+package fqdn
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/cells/metrics"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+)
+
+// Cell redirects the lookups of the pods that name rules select to the
+// DNS proxy and writes what their answers teach to policy-fqdn (the
+// package comment). It takes Settings, Applied, the objects' tables and
+// policy-fqdn.
+var Cell = cell.Group(
+	cell.ProvidePrivate(newLearner),
+	cell.Provide((*learner).metricsOut),
+	cell.Invoke(register),
+)
+
+type params struct {
+	cell.In
+
+	Log      *slog.Logger
+	DB       *statedb.DB
+	Settings Settings
+	Applied  Applied
+	PEs      statedb.Table[*endpoints.PolicyEndpoint]
+	CPEs     statedb.Table[*endpoints.ClusterPolicyEndpoint]
+	Names    statedb.RWTable[*endpoints.DNSName]
+	Jobs     job.Group
+}
+
+// learner is the part's state: what the proxy's hook (learn.go), the
+// expiry (expire.go) and the redirect (redirect.go) share.
+type learner struct {
+	log      *slog.Logger
+	db       *statedb.DB
+	settings Settings
+	applied  Applied
+	pes      statedb.Table[*endpoints.PolicyEndpoint]
+	cpes     statedb.Table[*endpoints.ClusterPolicyEndpoint]
+	names    statedb.RWTable[*endpoints.DNSName]
+	metrics  *fqdnMetrics
+	now      func() time.Time
+
+	mu sync.Mutex
+	// learnt is, per row key, the revision of policy-fqdn at which its
+	// addresses last grew: an answer that repeats them waits for that
+	// revision (an earlier lookup may still be on its way to the
+	// kernel).
+	learnt map[string]statedb.Revision
+	// late are the pods whose last answer with new addresses did not
+	// reach the kernel in time (health).
+	late  map[string]time.Time
+	proxy *proxy.Proxy
+}
+
+func newLearner(p params) *learner {
+	l := &learner{
+		log: p.Log, db: p.DB, settings: p.Settings, applied: p.Applied,
+		pes: p.PEs, cpes: p.CPEs, names: p.Names, now: time.Now,
+		learnt: map[string]statedb.Revision{}, late: map[string]time.Time{},
+	}
+	l.metrics = newFQDNMetrics(l.heldIPs, l.proxyStats)
+	return l
+}
+
+func (l *learner) metricsOut() metrics.Outs { return l.metrics.collectors() }
+
+func register(p params, l *learner) error {
+	wtxn := p.DB.WriteTxn(p.Names)
+	p.Names.RegisterInitializer(wtxn, "fqdn")(wtxn) // nothing to restore: names are learnt afresh
+	wtxn.Commit()
+	if p.Settings.Off != "" {
+		return nil
+	}
+	px, err := l.openProxy()
+	if err != nil {
+		return fmt.Errorf("domain names: %w", err)
+	}
+	p.Jobs.Add(job.OneShot("fqdn-proxy", func(ctx context.Context, h cell.Health) error {
+		h.OK(fmt.Sprintf("Serving on port %d", px.Port()))
+		return px.Run(ctx)
+	}))
+	p.Jobs.Add(job.OneShot("fqdn-redirect", func(ctx context.Context, h cell.Health) error {
+		return l.redirect(ctx, h, px.Port())
+	}))
+	p.Jobs.Add(job.OneShot("fqdn-expire", l.expire))
+	p.Jobs.Add(job.OneShot("fqdn-health", func(ctx context.Context, h cell.Health) error {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			l.reportHealth(h)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}))
+	return nil
+}
+
+// openProxy opens the proxy's sockets (in the agent's network namespace).
+func (l *learner) openProxy() (*proxy.Proxy, error) {
+	px, err := proxy.New(proxy.Config{
+		Port: l.settings.Port, IPv4: l.settings.IPv4, IPv6: l.settings.IPv6,
+		Mark: l.settings.Mark,
+	}, l.learn, l.log)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.proxy = px
+	l.mu.Unlock()
+	return px, nil
+}
+
+func (l *learner) proxyStats() proxy.Stats {
+	l.mu.Lock()
+	px := l.proxy
+	l.mu.Unlock()
+	if px == nil {
+		return proxy.Stats{}
+	}
+	return px.Stats()
+}
+
+// heldIPs counts the addresses in policy-fqdn.
+func (l *learner) heldIPs() float64 {
+	n := 0
+	for row := range l.names.All(l.db.ReadTxn()) {
+		n += len(row.IPs)
+	}
+	return float64(n)
+}
+
+// learntAt records that a row's addresses grew at rev; changedAt returns
+// the last such revision, or fallback if none is known.
+func (l *learner) learntAt(key string, rev statedb.Revision) {
+	l.mu.Lock()
+	l.learnt[key] = rev
+	l.mu.Unlock()
+}
+
+func (l *learner) changedAt(key string, fallback statedb.Revision) statedb.Revision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r, ok := l.learnt[key]; ok {
+		return r
+	}
+	return fallback
+}
+
+func (l *learner) forget(key string) {
+	l.mu.Lock()
+	delete(l.learnt, key)
+	l.mu.Unlock()
+}
+
+// lateFor is how long a pod's late answer keeps health Degraded.
+const lateFor = time.Minute
+
+func (l *learner) reportLate(pod fmt.Stringer) {
+	l.mu.Lock()
+	l.late[pod.String()] = l.now()
+	l.mu.Unlock()
+}
+
+// reportHealth is Degraded while an answer failed to reach the kernel in
+// the last minute, or the proxy failed lookups.
+func (l *learner) reportHealth(h cell.Health) {
+	l.mu.Lock()
+	var pods []string
+	for pod, at := range l.late {
+		if l.now().Sub(at) > lateFor {
+			delete(l.late, pod)
+			continue
+		}
+		pods = append(pods, pod)
+	}
+	l.mu.Unlock()
+	if len(pods) > 0 {
+		h.Degraded("Answers held past the max delay", fmt.Errorf("the addresses of answers to pods %v did not reach the kernel within %s: their lookups got SERVFAIL", pods, l.settings.MaxDelay))
+		return
+	}
+	h.OK("Answers applied")
+}

@@ -1,0 +1,105 @@
+package fqdn
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+)
+
+// redirected returns the pod IPs whose lookups go to the proxy: the pods
+// that a name rule selects, i.e. those listed by any slice of a policy
+// one of whose slices has name rules (a PolicyEndpoint's only if it
+// isolates egress), sorted.
+func (l *learner) redirected(txn statedb.ReadTxn) []netip.Addr {
+	set := map[netip.Addr]struct{}{}
+	add := func(pods []endpoints.PodEndpoint) {
+		for _, p := range pods {
+			set[p.PodIP] = struct{}{}
+		}
+	}
+	seen := map[string]bool{}
+	for pe := range l.pes.All(txn) {
+		if len(pe.EgressNames) == 0 || !pe.IsolatesEgress {
+			continue
+		}
+		if parent := pe.Parent(); parent != "" {
+			if !seen[parent] {
+				seen[parent] = true
+				for s := range l.pes.List(txn, endpoints.PolicyEndpointParentIndex.Query(parent)) {
+					add(s.Pods)
+				}
+			}
+			continue
+		}
+		add(pe.Pods)
+	}
+	clear(seen)
+	for c := range l.cpes.All(txn) {
+		if len(c.EgressNames) == 0 {
+			continue
+		}
+		if parent := c.Parent(); parent != "" {
+			if !seen[parent] {
+				seen[parent] = true
+				for s := range l.cpes.List(txn, endpoints.ClusterPolicyEndpointParentIndex.Query(parent)) {
+					add(s.Pods)
+				}
+			}
+			continue
+		}
+		add(c.Pods)
+	}
+	out := make([]netip.Addr, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// redirect keeps the redirect's pods those that name rules select, until
+// ctx is done; then it takes the redirect away (a stopped agent leaves
+// no lookup going to a proxy that is not there: without the redirect the
+// pods' lookups go to their resolvers, and the names teach nothing, so
+// nothing is allowed that was not).
+func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) error {
+	r := proxy.NewRedirect(port, l.settings.Mark, l.settings.Table, l.log)
+	defer func() {
+		if err := r.Close(); err != nil {
+			l.log.Warn("Could not remove the DNS redirect", "error", err)
+		}
+	}()
+	var last []netip.Addr
+	synced := false
+	for {
+		txn := l.db.ReadTxn()
+		_, pw := l.pes.AllWatch(txn)
+		_, cw := l.cpes.AllWatch(txn)
+		pods := l.redirected(txn)
+		var retry <-chan time.Time
+		if !synced || !slices.Equal(pods, last) {
+			if err := r.Sync(pods); err != nil {
+				h.Degraded("DNS redirect", fmt.Errorf("redirect the lookups of %d pods to the DNS proxy: %w", len(pods), err))
+				synced, retry = false, time.After(time.Second)
+			} else {
+				h.OK(fmt.Sprintf("Lookups of %d pods redirected to the DNS proxy", len(pods)))
+				last, synced = pods, true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-pw:
+		case <-cw:
+		case <-retry:
+		}
+	}
+}
