@@ -20,8 +20,9 @@ import (
 //   - compile: policy-endpoints → policy-map-entries → the policy maps;
 //   - enforce: the pods of policy-endpoints → the programs on their
 //     devices (policy-attachments, policy-bindings);
-//   - fqdn: the lookups of the pods that name rules select → policy-fqdn
-//     (the names' addresses, which compile allows).
+//   - fqdn (FQDNCell, the standalone agent's): the lookups of the pods
+//     that name rules select → policy-fqdn (the names' addresses, which
+//     compile allows).
 //
 // This package alone turns the flags into the parts' settings
 // (newPartSettings) and hands enforce what it needs of the others
@@ -34,5 +35,4 @@ var Cell = cell.Group(
 	compile.Cell,
 	cell.Provide(policyScriptCommands),
 	enforceCells,
-	fqdnCells,
 )

@@ -15,24 +15,30 @@ import (
 	"github.com/enimasq/enimasq/cells/nodeconfig"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/compile"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn"
 )
 
-// fqdnCells enforce the name rules (package fqdn), fed from the objects'
-// tables and told by policy-versions when an answer is in the kernel.
-var fqdnCells = cell.Group(
+// FQDNCell enforces the name rules (package fqdn), fed from the objects'
+// tables and told by policy-versions when an answer is in the kernel: the
+// domain-name flags, policy-fqdn and the part. The standalone agent has
+// it; linked into Cilium, Cilium declares the --tofqdns-* flags for its own
+// FQDN policy, and enimasq has no table or proxy there (name rules allow
+// nothing, as the AWS agent's skipped entries).
+var FQDNCell = cell.Module("fqdn", "Domain names of network policy",
+	cell.Config(DefaultFQDNConfig),
+	endpoints.DNSNamesCell,
 	cell.ProvidePrivate(newFQDNSettings, appliedFromVersions),
 	fqdn.Cell,
 )
 
 // FQDNConfig holds the domain-name flags, Cilium's --tofqdns-* where
 // Cilium has one (with its meaning), declared by the standalone agent
-// (FQDNCell): linked into Cilium, Cilium declares its own for its own
-// FQDN policy, and enimasq redirects no lookup there.
+// (FQDNCell).
 type FQDNConfig struct {
 	EnablePolicyFQDN     bool          `mapstructure:"enable-policy-fqdn"`
 	ToFQDNsProxyPort     uint16        `mapstructure:"tofqdns-proxy-port"`
-	ToFQDNsMinTTL        time.Duration `mapstructure:"tofqdns-min-ttl"`
+	ToFQDNsMinTTL        int           `mapstructure:"tofqdns-min-ttl"`
 	ToFQDNsMaxIPsPerHost int           `mapstructure:"tofqdns-endpoint-max-ip-per-hostname"`
 	PolicyFQDNMaxNames   int           `mapstructure:"policy-fqdn-max-names-per-pod"`
 	ToFQDNsProxyMaxDelay time.Duration `mapstructure:"tofqdns-proxy-response-max-delay"`
@@ -52,14 +58,11 @@ var DefaultFQDNConfig = FQDNConfig{
 func (def FQDNConfig) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-policy-fqdn", def.EnablePolicyFQDN, "Enforce the domainName entries of PolicyEndpoints and ClusterPolicyEndpoints (ApplicationNetworkPolicy and ClusterNetworkPolicy domainNames): the DNS lookups of the pods they select go through a DNS proxy on the node, and the addresses of the answers are allowed for their TTL. Off, such an entry allows nothing (as the AWS agent skips it)")
 	flags.Uint16("tofqdns-proxy-port", def.ToFQDNsProxyPort, "The DNS proxy's port on the node, UDP and TCP (0: a free one)")
-	flags.Duration("tofqdns-min-ttl", def.ToFQDNsMinTTL, "The least time an answer's addresses stay allowed, whatever its TTL (0: the TTL)")
+	flags.Int("tofqdns-min-ttl", def.ToFQDNsMinTTL, "The least time, in seconds, an answer's addresses stay allowed, whatever its TTL (0: the TTL)")
 	flags.Int("tofqdns-endpoint-max-ip-per-hostname", def.ToFQDNsMaxIPsPerHost, "The most addresses a pod holds for one name; past it the first to expire go (enimasq_policy_fqdn_ips_dropped_total)")
 	flags.Int("policy-fqdn-max-names-per-pod", def.PolicyFQDNMaxNames, "The most names a pod holds addresses for; past it the name whose addresses expire first goes (enimasq_policy_fqdn_ips_dropped_total)")
 	flags.Duration("tofqdns-proxy-response-max-delay", def.ToFQDNsProxyMaxDelay, "How long an answer with new addresses waits for them to be in the kernel; past it the pod gets SERVFAIL (Cilium sends the answer then; enimasq never gives a pod an answer its policy cannot use yet)")
 }
-
-// FQDNCell declares the domain-name flags (the standalone agent's).
-var FQDNCell = cell.Config(DefaultFQDNConfig)
 
 // The redirect's fwmark and routing table: a mark bit and a table no
 // other agent of the node uses (Cilium's are 0x200 and 2004/2005 for its
@@ -73,7 +76,7 @@ type fqdnParams struct {
 	cell.In
 
 	Policy PolicyConfig
-	FQDN   FQDNConfig `optional:"true"`
+	FQDN   FQDNConfig
 	Node   nodeconfig.Config
 	Maps   policymap.MapsParams
 }
@@ -84,14 +87,12 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 	c := p.FQDN
 	s := fqdn.Settings{
 		Port: c.ToFQDNsProxyPort, IPv4: p.Node.EnableIPv4, IPv6: p.Node.EnableIPv6,
-		MinTTL: c.ToFQDNsMinTTL, MaxIPsPerName: c.ToFQDNsMaxIPsPerHost, MaxNamesPerPod: c.PolicyFQDNMaxNames,
+		MinTTL: time.Duration(c.ToFQDNsMinTTL) * time.Second, MaxIPsPerName: c.ToFQDNsMaxIPsPerHost, MaxNamesPerPod: c.PolicyFQDNMaxNames,
 		MaxDelay: c.ToFQDNsProxyMaxDelay, Mark: fqdnMark, Table: fqdnTable,
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:
 		s.Off = "network policy is disabled"
-	case p.Node.IPAM.Allocator == nodeconfig.AllocatorCilium:
-		s.Off = "linked into Cilium: Cilium enforces its own FQDN policy"
 	case !c.EnablePolicyFQDN:
 		s.Off = "--enable-policy-fqdn=false"
 	case p.Maps.Store != nil:
@@ -104,7 +105,7 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 	}
 	switch {
 	case c.ToFQDNsMinTTL < 0:
-		return s, fmt.Errorf("--tofqdns-min-ttl %s: must not be negative", c.ToFQDNsMinTTL)
+		return s, fmt.Errorf("--tofqdns-min-ttl %d: must not be negative", c.ToFQDNsMinTTL)
 	case c.ToFQDNsMaxIPsPerHost < 1:
 		return s, fmt.Errorf("--tofqdns-endpoint-max-ip-per-hostname %d: must be at least 1", c.ToFQDNsMaxIPsPerHost)
 	case c.PolicyFQDNMaxNames < 1:

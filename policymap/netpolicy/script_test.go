@@ -8,6 +8,7 @@ import (
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/maptest"
 	"github.com/enimasq/enimasq/policymap/netpolicy"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // TestScript runs testdata/*.txtar on fake maps: no root needed. The
@@ -24,11 +25,11 @@ import (
 // ApplicationNetworkPolicies, is judged by test.TestPrivilegedAWSController
 // (test/awsctl_*_test.go) against a reference of the APIs' semantics.
 func TestScript(t *testing.T) {
-	maptest.RunFake(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+	maptest.RunFake(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell, endpoints.DNSNamesCell))
 }
 
 // TestPrivilegedScript runs the same scripts on kernel maps, the verdicts
 // from the policy program.
 func TestPrivilegedScript(t *testing.T) {
-	maptest.RunKernel(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell))
+	maptest.RunKernel(t, kernel.Cell, ipmasq.Cell, policymap.Module(netpolicy.Cell, endpoints.DNSNamesCell))
 }

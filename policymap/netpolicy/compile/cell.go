@@ -108,7 +108,7 @@ type mapsParams[T policyRow[T], K kind[T]] struct {
 	Common registration
 
 	Objects   statedb.Table[T]
-	Names     statedb.Table[*endpoints.DNSName]
+	Names     statedb.Table[*endpoints.DNSName] `optional:"true"`
 	Entries   statedb.RWTable[*MapEntry[K]]
 	Versions  statedb.RWTable[*PodVersions]
 	Ops       *policymap.Maps[*MapEntry[K]]

@@ -171,9 +171,10 @@ func NewDNSNamesTable(db *statedb.DB) (statedb.RWTable[*DNSName], error) {
 	return statedb.NewTable(db, DNSNamesTableName, DNSNameKeyIndex, DNSNamePodIndex)
 }
 
-// dnsNamesCell provides policy-fqdn, written by one writer (the fqdn part,
-// or a test that plays it), and read by all.
-var dnsNamesCell = cell.Group(
+// DNSNamesCell provides policy-fqdn, written by one writer (the fqdn part,
+// or a test that plays it), and read by all. Without it (linked into
+// Cilium) name rules allow nothing.
+var DNSNamesCell = cell.Group(
 	cell.ProvidePrivate(NewDNSNamesTable),
 	cell.Provide(statedb.RWTable[*DNSName].ToTable),
 )

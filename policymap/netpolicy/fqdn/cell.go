@@ -13,7 +13,7 @@ import (
 
 	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
-	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+	"github.com/enimasq/enimasq/cells/dnsproxy"
 )
 
 // Cell redirects the lookups of the pods that name rules select to the
@@ -61,7 +61,7 @@ type learner struct {
 	// late are the pods whose last answer with new addresses did not
 	// reach the kernel in time (health).
 	late  map[string]time.Time
-	proxy *proxy.Proxy
+	proxy *dnsproxy.Proxy
 }
 
 func newLearner(p params) *learner {
@@ -74,7 +74,13 @@ func newLearner(p params) *learner {
 	return l
 }
 
-func (l *learner) metricsOut() metrics.Outs { return l.metrics.collectors() }
+// metricsOut serves the metrics while names are enforced.
+func (l *learner) metricsOut() metrics.Outs {
+	if l.settings.Off != "" {
+		return metrics.Outs{}
+	}
+	return l.metrics.collectors()
+}
 
 func register(p params, l *learner) error {
 	wtxn := p.DB.WriteTxn(p.Names)
@@ -111,8 +117,8 @@ func register(p params, l *learner) error {
 }
 
 // openProxy opens the proxy's sockets (in the agent's network namespace).
-func (l *learner) openProxy() (*proxy.Proxy, error) {
-	px, err := proxy.New(proxy.Config{
+func (l *learner) openProxy() (*dnsproxy.Proxy, error) {
+	px, err := dnsproxy.New(dnsproxy.Config{
 		Port: l.settings.Port, IPv4: l.settings.IPv4, IPv6: l.settings.IPv6,
 		Mark: l.settings.Mark,
 	}, l.learn, l.log)
@@ -125,12 +131,12 @@ func (l *learner) openProxy() (*proxy.Proxy, error) {
 	return px, nil
 }
 
-func (l *learner) proxyStats() proxy.Stats {
+func (l *learner) proxyStats() dnsproxy.Stats {
 	l.mu.Lock()
 	px := l.proxy
 	l.mu.Unlock()
 	if px == nil {
-		return proxy.Stats{}
+		return dnsproxy.Stats{}
 	}
 	return px.Stats()
 }

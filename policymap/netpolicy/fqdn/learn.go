@@ -12,7 +12,7 @@ import (
 
 	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
-	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+	"github.com/enimasq/enimasq/cells/dnsproxy"
 )
 
 // What an answer teaches: for each name the pod asked that a name rule
@@ -87,7 +87,7 @@ var errNotApplied = errors.New("the answer's addresses are not in the kernel in 
 
 // learn is the proxy's hook: it writes what the answer teaches and waits
 // until the kernel has it. An error fails the lookup (SERVFAIL).
-func (l *learner) learn(ctx context.Context, q proxy.Query) error {
+func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 	start := time.Now()
 	l.metrics.lookup()
 	answers := answersOf(q.Answer)

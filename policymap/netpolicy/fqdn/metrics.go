@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/enimasq/enimasq/cells/metrics"
-	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+	"github.com/enimasq/enimasq/cells/dnsproxy"
 )
 
 // fqdnMetrics are the domain names' metrics: lookups seen, answers
@@ -21,7 +21,7 @@ type fqdnMetrics struct {
 	failures []prometheus.Collector
 }
 
-func newFQDNMetrics(held func() float64, stats func() proxy.Stats) *fqdnMetrics {
+func newFQDNMetrics(held func() float64, stats func() dnsproxy.Stats) *fqdnMetrics {
 	m := &fqdnMetrics{
 		lookups: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Name: "policy_fqdn_lookups_total",
@@ -45,17 +45,17 @@ func newFQDNMetrics(held func() float64, stats func() proxy.Stats) *fqdnMetrics 
 			Help: "Addresses held in policy-fqdn (pod, name, address)",
 		}, held),
 	}
-	for _, r := range []proxy.Reason{proxy.ReasonOverload, proxy.ReasonUpstream, proxy.ReasonAnswer, proxy.ReasonHook} {
+	for _, r := range []dnsproxy.Reason{dnsproxy.ReasonOverload, dnsproxy.ReasonUpstream, dnsproxy.ReasonAnswer, dnsproxy.ReasonHook} {
 		m.failures = append(m.failures, failureCounter("servfail", r, func() uint64 { return stats().ServFail[r] }))
 	}
-	for _, r := range []proxy.Reason{proxy.ReasonMalformed, proxy.ReasonOversize, proxy.ReasonOrigDst, proxy.ReasonConnLimit, proxy.ReasonSend} {
+	for _, r := range []dnsproxy.Reason{dnsproxy.ReasonMalformed, dnsproxy.ReasonOversize, dnsproxy.ReasonOrigDst, dnsproxy.ReasonConnLimit, dnsproxy.ReasonSend} {
 		m.failures = append(m.failures, failureCounter("dropped", r, func() uint64 { return stats().Dropped[r] }))
 	}
 	return m
 }
 
 // failureCounter reads one of the proxy's counters when scraped.
-func failureCounter(outcome string, r proxy.Reason, n func() uint64) prometheus.CounterFunc {
+func failureCounter(outcome string, r dnsproxy.Reason, n func() uint64) prometheus.CounterFunc {
 	return prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Name: "policy_fqdn_proxy_failures_total",
 		Help:        "Lookups the DNS proxy failed: answered SERVFAIL (outcome=servfail) or not at all (outcome=dropped), by reason",
@@ -63,9 +63,9 @@ func failureCounter(outcome string, r proxy.Reason, n func() uint64) prometheus.
 	}, func() float64 { return float64(n()) })
 }
 
-func (m *fqdnMetrics) lookup()         { m.lookups.Inc() }
-func (m *fqdnMetrics) applied(n int)   { m.answers.Add(float64(n)) }
-func (m *fqdnMetrics) dropped(n int)   { m.drops.Add(float64(n)) }
+func (m *fqdnMetrics) lookup()       { m.lookups.Inc() }
+func (m *fqdnMetrics) applied(n int) { m.answers.Add(float64(n)) }
+func (m *fqdnMetrics) dropped(n int) { m.drops.Add(float64(n)) }
 
 func (m *fqdnMetrics) toKernel(d time.Duration, ok bool) {
 	outcome := "applied"

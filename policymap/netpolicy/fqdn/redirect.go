@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
-	"github.com/enimasq/enimasq/policymap/netpolicy/fqdn/proxy"
+	"github.com/enimasq/enimasq/cells/dnsproxy"
 )
 
 // redirected returns the pod IPs whose lookups go to the proxy: the pods
@@ -71,7 +71,7 @@ func (l *learner) redirected(txn statedb.ReadTxn) []netip.Addr {
 // pods' lookups go to their resolvers, and the names teach nothing, so
 // nothing is allowed that was not).
 func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) error {
-	r := proxy.NewRedirect(port, l.settings.Mark, l.settings.Table, l.log)
+	r := dnsproxy.NewRedirect(port, l.settings.Mark, l.settings.Table, l.log)
 	defer func() {
 		if err := r.Close(); err != nil {
 			l.log.Warn("Could not remove the DNS redirect", "error", err)

@@ -1,9 +1,10 @@
-package proxy
+package dnsproxy
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -43,6 +44,11 @@ func (p *Proxy) serveUDP(ctx context.Context, s *sockets) {
 			continue
 		}
 		dst, err := origDst(oob[:oobn])
+		if err == nil && dst.Port() != dnsPort {
+			// Not redirected DNS: a datagram sent to the proxy's port
+			// itself. Served, it would be forwarded to the proxy again.
+			err = fmt.Errorf("sent to %s, not to a DNS port", dst)
+		}
 		if err != nil {
 			p.drop(ReasonOrigDst, "pod", from, "error", err)
 			continue

@@ -1,4 +1,4 @@
-package proxy
+package dnsproxy
 
 import "sync/atomic"
 
@@ -25,7 +25,8 @@ const (
 	ReasonMalformed Reason = "malformed"
 	// ReasonOversize: the request is larger than a query may be.
 	ReasonOversize Reason = "oversize"
-	// ReasonOrigDst: the kernel did not say where the datagram was going.
+	// ReasonOrigDst: the kernel did not say where the datagram was going,
+	// or it was not going to a DNS port (port 53) but to the proxy's.
 	ReasonOrigDst Reason = "origdst"
 	// ReasonConnLimit: MaxInFlight TCP connections were open already.
 	ReasonConnLimit Reason = "conn-limit"

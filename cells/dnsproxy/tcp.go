@@ -1,4 +1,4 @@
-package proxy
+package dnsproxy
 
 import (
 	"context"
@@ -56,6 +56,12 @@ func (p *Proxy) serveConn(ctx context.Context, c *net.TCPConn) {
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { c.Close() })()
 	tc := tcpConn{c: c, pod: unmapped(c.RemoteAddr()), resolver: unmapped(c.LocalAddr())}
+	if tc.resolver.Port() != dnsPort {
+		// Not redirected DNS: a connection to the proxy's port itself
+		// (served, it would be forwarded to the proxy again).
+		p.drop(ReasonOrigDst, "pod", tc.pod, "to", tc.resolver)
+		return
+	}
 	up := &upstreamTCP{dst: tc.resolver}
 	defer up.close()
 	for {

@@ -1,4 +1,4 @@
-package proxy
+package dnsproxy
 
 import (
 	"context"
@@ -114,15 +114,19 @@ func (p *Proxy) Run(ctx context.Context) error {
 		loops.Go(func() { p.serveTCP(ctx, s) })
 	}
 	<-ctx.Done()
-	err := p.Close()
+	// The sockets first, which ends the loops and the queries; the
+	// namespace handle once no query can dial any more.
+	for _, s := range p.socks {
+		s.close()
+	}
 	loops.Wait()
 	p.handlers.Wait()
 	p.log.Info("DNS proxy stopped", "port", p.port)
-	return err
+	return p.Close()
 }
 
-// Close closes the sockets: for a Proxy that New made and that will not
-// Run, or to stop one (Run returns after its context is done).
+// Close releases what New opened, for a Proxy that will not Run (Run
+// releases it when it returns: cancel its context to stop it).
 func (p *Proxy) Close() error {
 	p.closeOnce.Do(func() {
 		var errs []error

@@ -1,6 +1,7 @@
-package proxy
+package dnsproxy
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -175,6 +176,66 @@ func TestPrivilegedProxy(t *testing.T) {
 			t.Errorf("the resolver got %d queries from pod B itself, want 2", n)
 		}
 	})
+	t.Run("not DNS is dropped", func(t *testing.T) {
+		fromNode := topo.dns.count(nodeIP)
+		err := inNSOf(topo.aNS, func() error {
+			c, err := net.Dial("udp4", net.JoinHostPort(resolver, "53"))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+			if _, err := c.Write([]byte("GET / HTTP/1.1\r\n\r\n")); err != nil {
+				return err
+			}
+			_, err = c.Read(make([]byte, 512))
+			return err
+		})
+		if err == nil {
+			t.Error("a datagram that is not DNS got an answer")
+		}
+		if n := topo.dns.count(nodeIP) - fromNode; n != 0 {
+			t.Errorf("forwarded %d times", n)
+		}
+		if n := p.Stats().Dropped[ReasonMalformed]; n != 1 {
+			t.Errorf("dropped as malformed: %d, want 1", n)
+		}
+	})
+	t.Run("resolver not answering is SERVFAIL", func(t *testing.T) {
+		var m *dns.Msg
+		err := inNSOf(topo.aNS, func() (err error) {
+			c := &dns.Client{Net: "udp", Timeout: 3 * cfg.Timeout}
+			m, _, err = c.Exchange(question("a.example.", dns.TypeA), "10.0.1.99:53")
+			return err
+		})
+		if err != nil || m.Rcode != dns.RcodeServerFailure {
+			t.Errorf("%v, %v; want SERVFAIL", m, err)
+		}
+		if n := p.Stats().ServFail[ReasonUpstream]; n != 1 {
+			t.Errorf("SERVFAIL for the upstream: %d, want 1", n)
+		}
+	})
+	t.Run("the proxy's own port is not served", func(t *testing.T) {
+		before := len(hooks.seen())
+		for _, network := range []string{"udp", "tcp"} {
+			var m *dns.Msg
+			err := inNSOf(topo.aNS, func() (err error) {
+				c := &dns.Client{Net: network, Timeout: 300 * time.Millisecond}
+				q := question("a.example.", dns.TypeA)
+				m, _, err = c.Exchange(q, netip.AddrPortFrom(netip.MustParseAddr(gateway), p.Port()).String())
+				return err
+			})
+			if err == nil {
+				t.Errorf("%s to the proxy's port: answered %v", network, m)
+			}
+		}
+		if len(hooks.seen()) != before {
+			t.Error("the hook saw a query to the proxy's port")
+		}
+		if n := p.Stats().Dropped[ReasonOrigDst]; n != 2 {
+			t.Errorf("dropped for the destination: %d, want 2", n)
+		}
+	})
 	t.Run("sync", func(t *testing.T) {
 		listing := func() string {
 			return topo.inNode("iptables", "-t", "mangle", "-S", Chain)
@@ -230,7 +291,7 @@ func TestPrivilegedProxy(t *testing.T) {
 	t.Run("stats", func(t *testing.T) {
 		s := p.Stats()
 		t.Logf("%+v", s)
-		if s.Answers == 0 || s.Queries < s.Answers || s.Dropped[ReasonSend] != 0 || s.ServFail[ReasonAnswer] != 0 || s.ServFail[ReasonUpstream] != 0 {
+		if s.Answers == 0 || s.Queries < s.Answers || s.Dropped[ReasonSend] != 0 || s.ServFail[ReasonAnswer] != 0 {
 			t.Errorf("stats %+v", s)
 		}
 	})

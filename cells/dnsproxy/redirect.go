@@ -1,4 +1,4 @@
-package proxy
+package dnsproxy
 
 import (
 	"bytes"
@@ -117,8 +117,13 @@ func (r *Redirect) install(f family, pods []netip.Addr) error {
 	return nil
 }
 
-// remove takes the rules out first, then the routing.
+// remove takes the rules out first, then the routing. Without the
+// family's iptables tool (a node with no ip6tables) nothing of it can have
+// been installed.
 func (r *Redirect) remove(f family) error {
+	if _, err := exec.LookPath(f.iptables); err != nil {
+		return nil
+	}
 	s, err := listMangle(f)
 	if err != nil {
 		return err
@@ -175,16 +180,6 @@ func (r *Redirect) rule(f family) *netlink.Rule {
 	return rule
 }
 
-// rules are the redirect's ip rules in the kernel (of its mark, mask and
-// table, whatever their priority).
-func (r *Redirect) rules(f family) ([]netlink.Rule, error) {
-	rules, err := netlink.RuleListFiltered(f.nl, r.rule(f), netlink.RT_FILTER_MARK|netlink.RT_FILTER_MASK|netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list ip rules: %w", err)
-	}
-	return rules, nil
-}
-
 // localRoute is the route that makes every marked packet local.
 func (r *Redirect) localRoute(f family) (*netlink.Route, error) {
 	lo, err := netlink.LinkByName("lo")
@@ -202,6 +197,9 @@ func (r *Redirect) localRoute(f family) (*netlink.Route, error) {
 	}, nil
 }
 
+// ensureRouting adds the route and the rule, each idempotently (written
+// without listing: only cells/kernel and the writers' dumps list over
+// netlink).
 func (r *Redirect) ensureRouting(f family) error {
 	route, err := r.localRoute(f)
 	if err != nil {
@@ -210,46 +208,31 @@ func (r *Redirect) ensureRouting(f family) error {
 	if err := netlink.RouteReplace(route); err != nil {
 		return fmt.Errorf("route local %s dev lo table %d: %w", f.all, r.table, err)
 	}
-	rules, err := r.rules(f)
-	if err != nil {
-		return err
-	}
-	if slices.ContainsFunc(rules, func(k netlink.Rule) bool { return k.Priority == RulePriority }) {
-		return nil
-	}
 	if err := netlink.RuleAdd(r.rule(f)); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("ip rule fwmark %#x/%#x lookup %d: %w", r.mark, r.mark, r.table, err)
 	}
 	return nil
 }
 
+// removeRouting deletes the rule (every copy of it) and the route.
 func (r *Redirect) removeRouting(f family) error {
-	rules, err := r.rules(f)
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, k := range rules {
-		if err := netlink.RuleDel(&k); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("delete ip rule %s: %w", k, err))
+	for range 16 {
+		err := netlink.RuleDel(r.rule(f))
+		if errors.Is(err, unix.ENOENT) {
+			break
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("delete ip rule fwmark %#x/%#x lookup %d: %w", r.mark, r.mark, r.table, err))
+			break
 		}
 	}
-	routes, err := netlink.RouteListFiltered(f.nl, &netlink.Route{Table: r.table}, netlink.RT_FILTER_TABLE)
+	route, err := r.localRoute(f)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("list routes of table %d: %w", r.table, err))...)
+		return errors.Join(append(errs, err)...)
 	}
-	for _, rt := range routes {
-		if rt.Type != unix.RTN_LOCAL || rt.Dst != nil && !isDefault(rt.Dst) {
-			continue
-		}
-		if err := netlink.RouteDel(&rt); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("delete route local %s table %d: %w", f.all, r.table, err))
-		}
+	if err := netlink.RouteDel(route); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("delete route local %s table %d: %w", f.all, r.table, err))
 	}
 	return errors.Join(errs...)
-}
-
-func isDefault(n *net.IPNet) bool {
-	ones, _ := n.Mask.Size()
-	return ones == 0
 }

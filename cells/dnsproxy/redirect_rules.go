@@ -1,4 +1,4 @@
-package proxy
+package dnsproxy
 
 import (
 	"fmt"
@@ -42,7 +42,9 @@ func families() []family {
 // the proxy's socket bound to the wildcard (looking up --on-ip:--on-port),
 // hands the packet to it and sets the mark, by which the ip rule routes
 // the packet to the local table (a packet for the resolver's address is
-// then delivered locally, not forwarded).
+// then delivered locally, not forwarded). The packet keeps the resolver's
+// address, so no route_localnet or martian check meets a loopback
+// destination: --on-ip only says where to look for the socket.
 func chainRules(f family, pods []netip.Addr, port uint16, mark uint32) []string {
 	var rules []string
 	for _, pod := range pods {
