@@ -11,9 +11,9 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq/cells/dnsproxy"
 	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
-	"github.com/enimasq/enimasq/cells/dnsproxy"
 )
 
 // Cell redirects the lookups of the pods that name rules select to the

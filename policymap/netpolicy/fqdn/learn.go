@@ -11,8 +11,8 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/enimasq/enimasq/bpf/policybpf"
-	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/cells/dnsproxy"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // What an answer teaches: for each name the pod asked that a name rule

@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/enimasq/enimasq/cells/metrics"
 	"github.com/enimasq/enimasq/cells/dnsproxy"
+	"github.com/enimasq/enimasq/cells/metrics"
 )
 
 // fqdnMetrics are the domain names' metrics: lookups seen, answers

@@ -10,8 +10,8 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
-	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 	"github.com/enimasq/enimasq/cells/dnsproxy"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 // redirected returns the pod IPs whose lookups go to the proxy: the pods
