@@ -57,7 +57,7 @@ type coreDNS struct {
 	// Addr is listenIP:53, where it answers over UDP and TCP.
 	Addr string
 
-	t      *testing.T
+	t      testing.TB
 	ns     netns.NsHandle
 	zone   string // the zone file
 	ttl    uint32
@@ -87,7 +87,7 @@ const corednsTimeout = 30 * time.Second
 // and on a failure of the test its output is logged. Without the binary
 // the test is skipped (failed if $ENIMASQ_REQUIRE_K8S is set, as make test
 // does).
-func startCoreDNS(t *testing.T, netnsName, listenIP string, records map[string][]string, ttl uint32) *coreDNS {
+func startCoreDNS(t testing.TB, netnsName, listenIP string, records map[string][]string, ttl uint32) *coreDNS {
 	t.Helper()
 	bin, err := corednsBinary()
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 // the agent runs) routes between pods, each in a netns behind a veth whose
 // host side is in the node, and a peer netns on a subnet of its own.
 type policyNode struct {
-	t    *testing.T
+	t    testing.TB
 	Node string // named netns
 	ns   map[string]netns.NsHandle
 }
@@ -38,7 +38,7 @@ const (
 // policyPorts are the TCP and UDP ports every pod and the peer serve.
 var policyPorts = []int{53, 80, 81, 82, 83, 443, 8080}
 
-func newPolicyNode(t *testing.T) *policyNode {
+func newPolicyNode(t testing.TB) *policyNode {
 	t.Helper()
 	celltest.RequireRoot(t)
 	suffix := make([]byte, 3)
@@ -122,7 +122,7 @@ func (n *policyNode) serve(name, ip string) {
 
 // listenUDP listens on addr (in the calling thread's netns) and hands got
 // every datagram that arrives, until the test ends.
-func listenUDP(t *testing.T, network, addr string, got func(u net.PacketConn, b []byte, from net.Addr)) error {
+func listenUDP(t testing.TB, network, addr string, got func(u net.PacketConn, b []byte, from net.Addr)) error {
 	u, err := net.ListenPacket(network, addr)
 	if err != nil {
 		return err
@@ -291,7 +291,7 @@ func (n *policyNode) String() string { return fmt.Sprintf("node %s", n.Node) }
 
 // answerOK listens on addr (in the calling thread's netns) and answers
 // every connection with "ok", then closes it, until the test ends.
-func answerOK(t *testing.T, network, addr string) error {
+func answerOK(t testing.TB, network, addr string) error {
 	l, err := net.Listen(network, addr)
 	if err != nil {
 		return err
@@ -332,7 +332,7 @@ func (n *policyNode) launchAgent(pes map[string]string, extra ...string) (*Agent
 }
 
 // nsHandle opens the named netns, closed at cleanup.
-func nsHandle(t *testing.T, name string) netns.NsHandle {
+func nsHandle(t testing.TB, name string) netns.NsHandle {
 	t.Helper()
 	ns, err := netns.GetFromName(name)
 	if err != nil {

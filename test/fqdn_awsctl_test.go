@@ -39,18 +39,23 @@ func TestPrivilegedPolicyFQDNFromAWSController(t *testing.T) {
 	cluster.RunningPod(t, "fq", "c", awsThisNode, podC, policyNodeIP, map[string]string{"app": "c"})
 
 	dns := awsPorts(awsPort(awsUDP, 53), awsPort(awsTCP, 53))
+	cSubject := awsCNPSubject{Pods: &awsNamespacedPod{NamespaceSelector: *awsSel("team", "fq"), PodSelector: *awsSel("app", "c")}}
 	world := &awsWorld{
 		ANPs: []awsANP{awsANPOf("fq", "a-names", awsSel("app", "a"), awsEgressOnly, nil, []awsANPEgress{
 			{To: []awsANPPeer{{DomainNames: []string{"*.example.com"}}}, Ports: awsPorts(awsPort(awsTCP, fqdnPort))},
 			{To: []awsANPPeer{{IPBlock: awsIPBlock(fqdnResolver + "/32")}}, Ports: dns},
 		})},
-		CNPs: []awsCNP{awsCNPOf("c-names", "Admin", 10,
-			awsCNPSubject{Pods: &awsNamespacedPod{NamespaceSelector: *awsSel("team", "fq"), PodSelector: *awsSel("app", "c")}}, nil,
-			[]awsCNPEgress{
+		// Within one ClusterNetworkPolicy a Deny beats an Accept (one
+		// priority): the deny-all is a policy of its own, after.
+		CNPs: []awsCNP{
+			awsCNPOf("c-names", "Admin", 10, cSubject, nil, []awsCNPEgress{
 				{Action: "Accept", To: awsCNPPeers(awsCNPDomains("*.corp.net")), Ports: awsCNPPortList(awsCNPNum(awsTCP, fqdnPort))},
 				{Action: "Accept", To: awsCNPPeers(awsCNPNetworks(fqdnResolver + "/32")), Ports: awsCNPPortList(awsCNPNum(awsUDP, 53), awsCNPNum(awsTCP, 53))},
+			}),
+			awsCNPOf("c-deny", "Admin", 20, cSubject, nil, []awsCNPEgress{
 				{Action: "Deny", To: awsCNPPeers(awsCNPNetworks("0.0.0.0/0"))},
-			})},
+			}),
+		},
 	}
 	var objs []*unstructured.Unstructured
 	for _, o := range awsPolicyObjects(t, world) {

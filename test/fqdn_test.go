@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -32,7 +34,7 @@ const (
 // fqdnNode is a policy node whose peer netns also serves fqdnPeerNet on
 // fqdnPort and fqdnOtherTCP, with CoreDNS at fqdnResolver answering
 // records.
-func fqdnNode(t *testing.T, records map[string][]string) (*policyNode, *coreDNS) {
+func fqdnNode(t testing.TB, records map[string][]string) (*policyNode, *coreDNS) {
 	t.Helper()
 	node := newPolicyNode(t)
 	peer := node.peerNS()
@@ -53,7 +55,7 @@ func fqdnNode(t *testing.T, records map[string][]string) (*policyNode, *coreDNS)
 // answerOKThenEcho listens on addr (in the calling thread's netns) and
 // answers every connection with "ok", then echoes what it reads until the
 // peer closes (a connection that stays open), until the test ends.
-func answerOKThenEcho(t *testing.T, addr string) error {
+func answerOKThenEcho(t testing.TB, addr string) error {
 	l, err := net.Listen("tcp4", addr)
 	if err != nil {
 		return err
@@ -290,5 +292,138 @@ func TestPrivilegedPolicyFQDN(t *testing.T) {
 	}
 	if _, err := io.ReadFull(held, buf); err != nil || string(buf) != "live" {
 		t.Errorf("the connection opened before the expiry does not live on: %q %v", buf, err)
+	}
+}
+
+// Fail closed: with the agent gone (its redirect left in place) the
+// selected pod's lookups fail, over UDP and TCP, and it reaches nothing
+// new; a lookup the proxy cannot serve (the resolver the pod asks does
+// not answer) gets SERVFAIL, and health names it. Started again, the agent
+// serves the lookups at once.
+func TestPrivilegedPolicyFQDNFailClosed(t *testing.T) {
+	records := map[string][]string{"n1.example.com": {"10.0.2.1"}, "n2.example.com": {"10.0.2.2"}}
+	node, _ := fqdnNode(t, records)
+	node.addPod("a", "enimfqdnfa01", podA)
+	// DNS to the peer's whole subnet: 10.0.1.54 answers nothing.
+	pe := strings.Replace(fqdnPolicy("a", podA, "*.example.com"), fqdnResolver+"/32", "10.0.1.0/24", 1)
+	a, _ := node.startAgent(map[string]string{"a": pe})
+	waitAttached(a, 1)
+	if _, err := lookup(node, "a", "udp", "n1.example.com"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A resolver that does not answer: SERVFAIL (after the proxy's
+	// timeout), and health says why.
+	err := celltest.InNS(node.ns[node.podNS("a")], func() error {
+		c := &dns.Client{Net: "udp", Timeout: 5 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion("n2.example.com.", dns.TypeA)
+		r, _, err := c.Exchange(m, "10.0.1.54:53")
+		if err != nil {
+			return err
+		}
+		if r.Rcode != dns.RcodeServerFailure {
+			return fmt.Errorf("rcode %s, want SERVFAIL", dns.RcodeToString[r.Rcode])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("a lookup of a resolver that does not answer: %s", err)
+	}
+	a.WaitFor("health to name the failed lookups", func() bool {
+		out, _, _ := a.Dbg("status", "--verbose")
+		return strings.Contains(out, "DNS proxy failed lookups") && strings.Contains(out, "upstream 1")
+	})
+	if node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
+		t.Error("n2.example.com reached: its lookup failed")
+	}
+
+	// The agent gone: lookups fail, nothing new is reached.
+	ns := a.NetNS()
+	a.Kill9()
+	for _, network := range []string{"udp", "tcp"} {
+		if ips, err := lookup(node, "a", network, "n2.example.com"); err == nil {
+			t.Errorf("with the agent gone a lookup over %s was answered: %v", network, ips)
+		}
+	}
+	if node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
+		t.Error("with the agent gone n2.example.com is reached")
+	}
+
+	// Back: served at once.
+	a.StartInNetNS(ns)
+	a.WaitStarted()
+	a.WaitFor("the redirect to the new proxy", func() bool { return strings.Contains(a.Log(), "DNS redirect rules written") })
+	if ips, err := lookup(node, "a", "udp", "n2.example.com"); err != nil || len(ips) != 1 {
+		t.Fatalf("after the restart: %v %v", ips, err)
+	}
+	if !node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
+		t.Error("after the restart n2.example.com is not reached after its lookup")
+	}
+}
+
+// 1,000 lookups a second from one pod, each of a new random name under
+// the pattern (a flood), are all answered, and the memory they take is
+// bounded: at most --policy-fqdn-max-names-per-pod rows, the rest dropped
+// (counted), the agent's RSS within bounds.
+func TestPrivilegedPolicyFQDNLookupRate(t *testing.T) {
+	node, _ := fqdnNode(t, map[string][]string{"*.example.com": {"10.0.2.9"}})
+	node.addPod("a", "enimfqdnra01", podA)
+	const maxNames = 200
+	a, _ := node.startAgent(map[string]string{"a": fqdnPolicy("a", podA, "*.example.com")},
+		fmt.Sprintf("--policy-fqdn-max-names-per-pod=%d", maxNames), "--tofqdns-min-ttl=3600")
+	waitAttached(a, 1)
+	pid := a.cmd.Process.Pid
+	before := celltest.ProcMemory(t, pid, "VmRSS")
+
+	const rate, seconds, workers = 1000, 5, 4
+	var failed, done atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			celltest.InNS(node.ns[node.podNS("a")], func() error {
+				c := &dns.Client{Net: "udp", Timeout: 2 * time.Second}
+				for i := w; i < rate*seconds; i += workers {
+					if d := time.Until(start.Add(time.Duration(i) * time.Second / rate)); d > 0 {
+						time.Sleep(d)
+					}
+					m := new(dns.Msg)
+					m.SetQuestion(fmt.Sprintf("r%d-%d.example.com.", i, time.Now().UnixNano()), dns.TypeA)
+					r, _, err := c.Exchange(m, net.JoinHostPort(fqdnResolver, "53"))
+					if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+						failed.Add(1)
+					}
+					done.Add(1)
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if got := float64(done.Load()) / took.Seconds(); got < 0.95*rate {
+		t.Errorf("%d lookups in %v: %.0f a second, want %d", done.Load(), took, got, rate)
+	}
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d lookups failed", n, done.Load())
+	}
+	m := agentMetrics(t, a)
+	if m["enimasq_policy_fqdn_ips_dropped_total"] < rate*seconds-maxNames-10 {
+		t.Errorf("dropped %g addresses of %d names over the cap of %d", m["enimasq_policy_fqdn_ips_dropped_total"], rate*seconds, maxNames)
+	}
+	rows := strings.Count(a.MustDbg("shell", "--", "db/show", "policy-fqdn"), "example.com")
+	if rows > maxNames {
+		t.Errorf("%d rows in policy-fqdn, the cap is %d", rows, maxNames)
+	}
+	grew := float64(celltest.ProcMemory(t, pid, "VmRSS")-before) / (1 << 20)
+	t.Logf("%d lookups in %v, %d rows held, RSS grew %.1f MiB", done.Load(), took.Round(time.Millisecond), rows, grew)
+	if grew > 64 {
+		t.Errorf("the agent's RSS grew %.1f MiB under the flood", grew)
+	}
+	if !node.connect(node.podNS("a"), "10.0.2.9", fqdnPort) {
+		t.Error("the flood's address is not reached")
 	}
 }

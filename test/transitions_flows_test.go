@@ -207,7 +207,7 @@ func (n *transitionNode) floodNewFlows(pod, device, podIP, dst, control string, 
 }
 
 // stop ends the flood: frames to dst and to control sent.
-func (f *rawFlood) stop(t *testing.T) (sent, controls int64) {
+func (f *rawFlood) stop(t testing.TB) (sent, controls int64) {
 	t.Helper()
 	close(f.done)
 	if err := <-f.finished; err != nil {

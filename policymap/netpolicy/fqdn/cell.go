@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +65,10 @@ type learner struct {
 	// reach the kernel in time (health).
 	late  map[string]time.Time
 	proxy *dnsproxy.Proxy
+	// failed is when the proxy last failed lookups, and why (health).
+	failedAt  time.Time
+	failedWhy string
+	lastStats dnsproxy.Stats
 }
 
 func newLearner(p params) *learner {
@@ -183,9 +190,19 @@ func (l *learner) reportLate(pod fmt.Stringer) {
 }
 
 // reportHealth is Degraded while an answer failed to reach the kernel in
-// the last minute, or the proxy failed lookups.
+// the last minute, or the proxy failed lookups (SERVFAIL or no answer) in
+// the last minute, with the reasons.
 func (l *learner) reportHealth(h cell.Health) {
+	stats := l.proxyStats()
 	l.mu.Lock()
+	if why := failuresSince(l.lastStats, stats); why != "" {
+		l.failedAt, l.failedWhy = l.now(), why
+	}
+	l.lastStats = stats
+	failed := ""
+	if !l.failedAt.IsZero() && l.now().Sub(l.failedAt) <= lateFor {
+		failed = l.failedWhy
+	}
 	var pods []string
 	for pod, at := range l.late {
 		if l.now().Sub(at) > lateFor {
@@ -195,9 +212,27 @@ func (l *learner) reportHealth(h cell.Health) {
 		pods = append(pods, pod)
 	}
 	l.mu.Unlock()
-	if len(pods) > 0 {
+	slices.Sort(pods)
+	switch {
+	case len(pods) > 0:
 		h.Degraded("Answers held past the max delay", fmt.Errorf("the addresses of answers to pods %v did not reach the kernel within %s: their lookups got SERVFAIL", pods, l.settings.MaxDelay))
-		return
+	case failed != "":
+		h.Degraded("DNS proxy failed lookups", fmt.Errorf("the DNS proxy failed lookups of the pods it serves in the last minute (%s): they got SERVFAIL or no answer", failed))
+	default:
+		h.OK("Answers applied")
 	}
-	h.OK("Answers applied")
+}
+
+// failuresSince says which of the proxy's failures grew from before to
+// now: "upstream 2, malformed 1"; "" if none.
+func failuresSince(before, now dnsproxy.Stats) string {
+	var out []string
+	for _, m := range []struct{ before, now map[dnsproxy.Reason]uint64 }{{before.ServFail, now.ServFail}, {before.Dropped, now.Dropped}} {
+		for _, r := range slices.Sorted(maps.Keys(m.now)) {
+			if d := m.now[r] - m.before[r]; d > 0 {
+				out = append(out, fmt.Sprintf("%s %d", r, d))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
