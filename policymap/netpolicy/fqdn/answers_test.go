@@ -93,7 +93,9 @@ func FuzzAnswersOf(f *testing.F) {
 			}
 		}
 		for _, a := range answersOf(m) {
-			if !slices.ContainsFunc(m.Question, func(q dns.Question) bool { return dns.CanonicalName(q.Name) == a.Name+"." || q.Name == "." && a.Name == "" }) {
+			if !slices.ContainsFunc(m.Question, func(q dns.Question) bool {
+				return dns.CanonicalName(q.Name) == a.Name+"." || q.Name == "." && a.Name == ""
+			}) {
 				t.Fatalf("learnt %q, not a question of %v", a.Name, m.Question)
 			}
 			for _, ip := range a.IPs {
