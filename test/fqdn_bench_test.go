@@ -25,7 +25,7 @@ func BenchmarkPolicyFQDNLookup(b *testing.B) {
 	node.addPod("a", "enimfqdnba01", podA)
 	node.addPod("b", "enimfqdnbb01", podB)
 	a, _ := node.startAgent(map[string]string{"a": fqdnPolicy("a", podA, "*.example.com")}, "--tofqdns-min-ttl=3600")
-	waitAttached(a, 1)
+	waitAttached(a, 2)
 	if _, err := lookup(node, "a", "udp", "cached.example.com"); err != nil {
 		b.Fatal(err)
 	}

@@ -147,7 +147,14 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 			return fmt.Errorf("write %s: %w", endpoints.DNSNamesTableName, err)
 		}
 		if added {
-			l.learntAt(next.Key(), l.names.Revision(wtxn))
+			// An address the pod holds already under the same rules (a
+			// flood of names that all answer one address) is in the
+			// kernel once that row's is: wait for that one.
+			if held, r := l.heldUnder(wtxn, q.Pod, podName, lt.Name, lt.IPs, lt.from); held {
+				l.learntAt(next.Key(), r)
+			} else {
+				l.learntAt(next.Key(), l.names.Revision(wtxn))
+			}
 		}
 		if r := l.changedAt(next.Key(), 0); r > need {
 			need = r
@@ -197,6 +204,28 @@ func merge(row *endpoints.DNSName, ok bool, pod netip.Addr, podName, name string
 	}
 	slices.SortFunc(out, func(a, b endpoints.NameIP) int { return a.IP.Compare(b.IP) })
 	return &endpoints.DNSName{Pod: pod, PodName: podName, Name: name, IPs: out, Rules: from}, added, dropped
+}
+
+// heldUnder reports whether every address of ips is held by another row
+// of the pod with the same rules, and the newest revision at which those
+// rows' addresses grew (what the kernel must have for them).
+func (l *learner) heldUnder(txn statedb.ReadTxn, pod netip.Addr, podName, name string, ips []netip.Addr, from []string) (bool, statedb.Revision) {
+	var rev statedb.Revision
+	for _, ip := range ips {
+		found := false
+		for row, r := range l.names.List(txn, endpoints.DNSNamePodIndex.Query(pod)) {
+			if row.Name == name || row.PodName != podName || !slices.Equal(row.Rules, from) ||
+				!slices.ContainsFunc(row.IPs, func(n endpoints.NameIP) bool { return n.IP == ip }) {
+				continue
+			}
+			found, rev = true, max(rev, l.changedAt(row.Key(), r))
+			break
+		}
+		if !found {
+			return false, 0
+		}
+	}
+	return true, rev
 }
 
 // refreshSlack is how far an expiry may lag before a lookup writes it
