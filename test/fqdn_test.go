@@ -29,6 +29,8 @@ const (
 	fqdnPort     = 8443 // what the name rule allows
 	fqdnOtherTCP = 9080 // what it does not
 	fqdnTTL      = 3    // seconds
+	// fqdnNodeLocal is a node-local DNS cache's address, on the node.
+	fqdnNodeLocal = "169.254.20.10"
 )
 
 // fqdnNode is a policy node whose peer netns also serves fqdnPeerNet on
@@ -96,22 +98,29 @@ spec:
   egress:
   - cidr: %[4]s/32
     ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]
+  - cidr: %[7]s/32
+    ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]
   - domainName: %[5]q
     ports: [{protocol: TCP, port: %[6]d}]
-`, name, pod, policyNodeIP, fqdnResolver, pattern, fqdnPort)
+`, name, pod, policyNodeIP, fqdnResolver, pattern, fqdnPort, fqdnNodeLocal)
 }
 
 // lookup asks the resolver for a name's A record from a pod, over network
 // ("udp" or "tcp"), as a stub resolver does; it returns the addresses
 // answered, or the error (a timeout, SERVFAIL).
 func lookup(node *policyNode, pod, network, name string) ([]netip.Addr, error) {
+	return lookupAt(node, pod, network, fqdnResolver, name)
+}
+
+// lookupAt is lookup of the resolver at server.
+func lookupAt(node *policyNode, pod, network, server, name string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	err := celltest.InNS(node.ns[node.podNS(pod)], func() error {
 		c := &dns.Client{Net: network, Timeout: 2 * time.Second}
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 		m.SetEdns0(1232, false)
-		r, _, err := c.Exchange(m, net.JoinHostPort(fqdnResolver, "53"))
+		r, _, err := c.Exchange(m, net.JoinHostPort(server, "53"))
 		if err != nil {
 			return err
 		}
@@ -181,6 +190,16 @@ func TestPrivilegedPolicyFQDN(t *testing.T) {
 		if !node.connect(node.podNS("a"), c.ip, fqdnPort) {
 			t.Errorf("%s (%s, over %s) not reached after its lookup", c.name, c.ip, c.network)
 		}
+	}
+
+	// A node-local DNS cache on the node: its answers too.
+	run(t, "ip", "-n", node.Node, "addr", "add", fqdnNodeLocal+"/32", "dev", "lo")
+	startCoreDNS(t, node.Node, fqdnNodeLocal, map[string][]string{"local.example.com": {"10.0.2.230"}}, fqdnTTL)
+	if ips, err := lookupAt(node, "a", "udp", fqdnNodeLocal, "local.example.com"); err != nil || len(ips) != 1 || ips[0].String() != "10.0.2.230" {
+		t.Fatalf("lookup local.example.com of the node-local cache: %v %v", ips, err)
+	}
+	if !node.connect(node.podNS("a"), "10.0.2.230", fqdnPort) {
+		t.Error("local.example.com (of the node-local cache) not reached after its lookup")
 	}
 
 	// Other names (answered: DNS is allowed) and other ports are denied.

@@ -43,6 +43,11 @@ func TestAnswersOf(t *testing.T) {
 		{"a CNAME loop ends", msg(t, "l.example.com.", dns.TypeA, dns.RcodeSuccess,
 			"l.example.com. 30 IN CNAME m.example.com.", "m.example.com. 30 IN CNAME l.example.com."),
 			[]answered{{Name: "l.example.com", TTL: 30 * time.Second}}},
+		{"several questions", func() *dns.Msg {
+			m := msg(t, "a.example.com.", dns.TypeA, dns.RcodeSuccess, "a.example.com. 30 IN A 192.0.2.1", "b.example.com. 20 IN AAAA 2001:db8::2")
+			m.Question = append(m.Question, dns.Question{Name: "b.example.com.", Qtype: dns.TypeAAAA, Qclass: dns.ClassINET})
+			return m
+		}(), []answered{{Name: "a.example.com", IPs: addrs("192.0.2.1"), TTL: 30 * time.Second}, {Name: "b.example.com", IPs: addrs("2001:db8::2"), TTL: 20 * time.Second}}},
 		{"NXDOMAIN teaches nothing", msg(t, "no.example.com.", dns.TypeA, dns.RcodeNameError), nil},
 		{"NODATA", msg(t, "a.example.com.", dns.TypeA, dns.RcodeSuccess), []answered{{Name: "a.example.com"}}},
 		{"not A or AAAA", msg(t, "a.example.com.", dns.TypeTXT, dns.RcodeSuccess, "a.example.com. 30 IN A 192.0.2.1"), nil},
