@@ -207,7 +207,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 	)
 	for {
 		// Newer changes first: they become the front batch.
-		affected, watch := d.nextChanges(changes)
+		affected, watch, initialized := d.nextChanges(changes)
 		var namesWatch <-chan struct{}
 		if nameChanges != nil {
 			var batch func(func(statedb.Change[*endpoints.DNSName], statedb.Revision) bool)
@@ -252,7 +252,10 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			if d.initDone != nil && d.queue.empty() && len(d.compiling) == 0 {
 				// Every current object compiled and written (pruning
 				// compares the maps with the whole table).
-				if ok, ch := d.endpoints.Initialized(wtxn); ok {
+				// Initialized as of the snapshot the changes were read
+				// from: one that the source initialized after would
+				// hold objects not yet queued.
+				if ok, ch := initialized(); ok {
 					d.initDone(wtxn)
 					d.initDone = nil
 					n := d.entries.NumObjects(wtxn)
@@ -345,14 +348,17 @@ func (d *deriver[T, K]) anyPending() bool {
 }
 
 // nextChanges returns the pod IPs that the changes since the last call
-// list or listed, with the pods of every slice of their policies, and a
-// channel closed on the next change. The batch's snapshot of the database
+// list or listed, with the pods of every slice of their policies, a
+// channel closed on the next change, and whether the objects' table was
+// initialized in the same snapshot (initialized later, it may hold objects
+// this batch has not queued). The batch's snapshot of the database
 // is not kept: held while the deriver waits, it would keep every row the
 // reconciler has since replaced.
-func (d *deriver[T, K]) nextChanges(changes statedb.ChangeIterator[T]) ([]netip.Addr, <-chan struct{}) {
+func (d *deriver[T, K]) nextChanges(changes statedb.ChangeIterator[T]) ([]netip.Addr, <-chan struct{}, func() (bool, <-chan struct{})) {
 	txn := d.db.ReadTxn()
 	batch, watch := changes.Next(txn)
-	return d.affected(txn, batch), watch
+	ok, initWatch := d.endpoints.Initialized(txn)
+	return d.affected(txn, batch), watch, func() (bool, <-chan struct{}) { return ok, initWatch }
 }
 
 // affected returns the pod IPs that a batch of changes recompiles
