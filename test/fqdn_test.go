@@ -320,7 +320,7 @@ func TestPrivilegedPolicyFQDN(t *testing.T) {
 // not answer) gets SERVFAIL, and health names it. Started again, the agent
 // serves the lookups at once.
 func TestPrivilegedPolicyFQDNFailClosed(t *testing.T) {
-	records := map[string][]string{"n1.example.com": {"10.0.2.1"}, "n2.example.com": {"10.0.2.2"}}
+	records := map[string][]string{"n1.example.com": {"10.0.2.1"}, "n2.example.com": {"10.0.2.2"}, "n3.example.com": {"10.0.2.3"}}
 	node, _ := fqdnNode(t, records)
 	node.addPod("a", "enimfqdnfa01", podA)
 	// DNS to the peer's whole subnet: 10.0.1.54 answers nothing.
@@ -357,27 +357,39 @@ func TestPrivilegedPolicyFQDNFailClosed(t *testing.T) {
 		t.Error("n2.example.com reached: its lookup failed")
 	}
 
+	// The redirect flushed by hand: checked against the kernel, it is put
+	// back.
+	run(t, "ip", "netns", "exec", node.Node, "iptables", "-w", "-t", "mangle", "-F", "ENIMASQ-DNS")
+	a.WaitFor("the redirect put back", func() bool {
+		return strings.Contains(run(t, "ip", "netns", "exec", node.Node, "iptables", "-w", "-t", "mangle", "-S", "ENIMASQ-DNS"), "TPROXY")
+	})
+	if ips, err := lookup(node, "a", "udp", "n2.example.com"); err != nil || len(ips) != 1 {
+		t.Fatalf("after the redirect was put back: %v %v", ips, err)
+	}
+	if !node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
+		t.Error("after the redirect was put back n2.example.com is not reached after its lookup")
+	}
 	// The agent gone: lookups fail, nothing new is reached.
 	ns := a.NetNS()
 	a.Kill9()
 	for _, network := range []string{"udp", "tcp"} {
-		if ips, err := lookup(node, "a", network, "n2.example.com"); err == nil {
+		if ips, err := lookup(node, "a", network, "n3.example.com"); err == nil {
 			t.Errorf("with the agent gone a lookup over %s was answered: %v", network, ips)
 		}
 	}
-	if node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
-		t.Error("with the agent gone n2.example.com is reached")
+	if node.connect(node.podNS("a"), "10.0.2.3", fqdnPort) {
+		t.Error("with the agent gone n3.example.com is reached")
 	}
 
 	// Back: served at once.
 	a.StartInNetNS(ns)
 	a.WaitStarted()
 	a.WaitFor("the redirect to the new proxy", func() bool { return strings.Contains(a.Log(), "DNS redirect rules written") })
-	if ips, err := lookup(node, "a", "udp", "n2.example.com"); err != nil || len(ips) != 1 {
+	if ips, err := lookup(node, "a", "udp", "n3.example.com"); err != nil || len(ips) != 1 {
 		t.Fatalf("after the restart: %v %v", ips, err)
 	}
-	if !node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
-		t.Error("after the restart n2.example.com is not reached after its lookup")
+	if !node.connect(node.podNS("a"), "10.0.2.3", fqdnPort) {
+		t.Error("after the restart n3.example.com is not reached after its lookup")
 	}
 }
 

@@ -43,10 +43,12 @@ type Proxy struct {
 	stats    *counters
 	inflight chan struct{} // a slot per query being served
 	conns    chan struct{} // a slot per open pod TCP connection
-	bufs     sync.Pool     // *[]byte of answerOffset+maxAnswer
-	dialer   net.Dialer
-	ns       netns.NsHandle // where upstream sockets are opened, if not here (netns.go)
-	handlers sync.WaitGroup // the goroutines of queries and connections
+	// queries and podConns are each pod's share of inflight and conns.
+	queries, podConns *perPod
+	bufs              sync.Pool // *[]byte of answerOffset+maxAnswer
+	dialer            net.Dialer
+	ns                netns.NsHandle // where upstream sockets are opened, if not here (netns.go)
+	handlers          sync.WaitGroup // the goroutines of queries and connections
 
 	ran       atomic.Bool
 	closeOnce sync.Once
@@ -85,6 +87,8 @@ func New(cfg Config, hook Hook, log *slog.Logger) (*Proxy, error) {
 		stats:    newCounters(),
 		inflight: make(chan struct{}, cfg.MaxInFlight),
 		conns:    make(chan struct{}, cfg.MaxInFlight),
+		queries:  newPerPod(cfg.MaxInFlight),
+		podConns: newPerPod(cfg.MaxInFlight),
 		bufs: sync.Pool{New: func() any {
 			b := make([]byte, answerOffset+maxAnswer)
 			return &b
@@ -143,17 +147,59 @@ func (p *Proxy) Close() error {
 	return p.closeErr
 }
 
-// acquire takes a query slot, or says that MaxInFlight are taken.
-func (p *Proxy) acquire() bool {
+// acquire takes a query slot for a pod, or says that MaxInFlight are
+// taken, or the pod's share of them (perPod): one pod's flood of queries
+// to a resolver that never answers does not fail every other pod's.
+func (p *Proxy) acquire(pod netip.Addr) bool {
+	if !p.queries.take(pod) {
+		return false
+	}
 	select {
 	case p.inflight <- struct{}{}:
 		return true
 	default:
+		p.queries.put(pod)
 		return false
 	}
 }
 
-func (p *Proxy) release() { <-p.inflight }
+func (p *Proxy) release(pod netip.Addr) {
+	<-p.inflight
+	p.queries.put(pod)
+}
+
+// perPod counts what each pod holds of a shared bound: at most max each.
+type perPod struct {
+	mu   sync.Mutex
+	max  int
+	held map[netip.Addr]int
+}
+
+func newPerPod(total int) *perPod {
+	return &perPod{max: max(total/podShare, 1), held: map[netip.Addr]int{}}
+}
+
+// podShare: a pod may hold a podShare-th of a bound (MaxInFlight queries,
+// MaxInFlight TCP connections).
+const podShare = 4
+
+func (c *perPod) take(pod netip.Addr) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[pod] >= c.max {
+		return false
+	}
+	c.held[pod]++
+	return true
+}
+
+func (c *perPod) put(pod netip.Addr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[pod]--; c.held[pod] <= 0 {
+		delete(c.held, pod)
+	}
+}
 
 // runHook calls the hook with its own timeout.
 func (p *Proxy) runHook(ctx context.Context, q Query) error {

@@ -17,7 +17,7 @@ import (
 func TestPrivilegedProxy(t *testing.T) {
 	topo := newTopology(t)
 	hooks := newHookLog()
-	cfg := Config{IPv4: true, IPv6: true, Timeout: time.Second, MaxInFlight: 4, Mark: testMark}
+	cfg := Config{IPv4: true, IPv6: true, Timeout: time.Second, MaxInFlight: 8, Mark: testMark}
 	p, r, stop := topo.startProxy(cfg, hooks.hook, podA, podA6)
 
 	// ask looks a name up from pod A and checks the answer came through
@@ -134,16 +134,17 @@ func TestPrivilegedProxy(t *testing.T) {
 			t.Errorf("SERVFAIL for the hook: %d, want 2", n)
 		}
 	})
-	t.Run("overload is SERVFAIL at once", func(t *testing.T) {
+	t.Run("a pod past its share of MaxInFlight is SERVFAIL at once", func(t *testing.T) {
 		release := make(chan struct{})
 		hooks.mu.Lock()
 		hooks.hold["slow.example."] = release
 		hooks.mu.Unlock()
 		var wg sync.WaitGroup
-		for range cfg.MaxInFlight {
+		share := cfg.MaxInFlight / podShare
+		for range share {
 			wg.Go(func() { lookup(topo.aNS, "udp", resolver, "slow.example.", dns.TypeA, 0) })
 		}
-		for range cfg.MaxInFlight {
+		for range share {
 			<-hooks.held
 		}
 		start := time.Now()

@@ -27,15 +27,22 @@ func (p *Proxy) serveTCP(ctx context.Context, s *sockets) {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like do not spin
 			continue
 		}
+		pod := unmapped(c.RemoteAddr()).Addr()
+		if !p.podConns.take(pod) {
+			p.drop(ReasonConnLimit, "pod", c.RemoteAddr())
+			c.Close()
+			continue
+		}
 		select {
 		case p.conns <- struct{}{}:
 		default:
+			p.podConns.put(pod)
 			p.drop(ReasonConnLimit, "pod", c.RemoteAddr())
 			c.Close()
 			continue
 		}
 		p.handlers.Go(func() {
-			defer func() { <-p.conns }()
+			defer func() { <-p.conns; p.podConns.put(pod) }()
 			p.serveConn(ctx, c)
 		})
 	}
@@ -80,14 +87,14 @@ func (p *Proxy) serveConn(ctx context.Context, c *net.TCPConn) {
 			p.drop(ReasonMalformed, "pod", tc.pod, "resolver", tc.resolver, "proto", "tcp", "error", err)
 			return
 		}
-		if !p.acquire() {
+		if !p.acquire(tc.pod.Addr()) {
 			if !p.servFailTCP(tc, req, &failure{ReasonOverload, errOverload}) {
 				return
 			}
 			continue
 		}
 		ok := p.handleTCP(ctx, tc, up, raw, req)
-		p.release()
+		p.release(tc.pod.Addr())
 		if !ok {
 			return
 		}

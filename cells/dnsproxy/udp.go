@@ -59,12 +59,12 @@ func (p *Proxy) serveUDP(ctx context.Context, s *sockets) {
 			continue
 		}
 		q := udpQuery{pod: from, resolver: dst, raw: bytes.Clone(buf[:n]), req: req}
-		if !p.acquire() {
+		if !p.acquire(from.Addr()) {
 			p.servFailUDP(s, q, &failure{ReasonOverload, errOverload})
 			continue
 		}
 		p.handlers.Go(func() {
-			defer p.release()
+			defer p.release(from.Addr())
 			p.handleUDP(ctx, s, q)
 		})
 	}

@@ -41,6 +41,7 @@ type FQDNConfig struct {
 	ToFQDNsMinTTL        int           `mapstructure:"tofqdns-min-ttl"`
 	ToFQDNsMaxIPsPerHost int           `mapstructure:"tofqdns-endpoint-max-ip-per-hostname"`
 	PolicyFQDNMaxNames   int           `mapstructure:"policy-fqdn-max-names-per-pod"`
+	PolicyFQDNMaxIPs     int           `mapstructure:"policy-fqdn-max-ips-per-pod"`
 	ToFQDNsProxyMaxDelay time.Duration `mapstructure:"tofqdns-proxy-response-max-delay"`
 }
 
@@ -52,6 +53,7 @@ var DefaultFQDNConfig = FQDNConfig{
 	ToFQDNsMinTTL:        0,
 	ToFQDNsMaxIPsPerHost: 1000,
 	PolicyFQDNMaxNames:   1024,
+	PolicyFQDNMaxIPs:     1024,
 	ToFQDNsProxyMaxDelay: time.Second,
 }
 
@@ -61,6 +63,7 @@ func (def FQDNConfig) Flags(flags *pflag.FlagSet) {
 	flags.Int("tofqdns-min-ttl", def.ToFQDNsMinTTL, "The least time, in seconds, an answer's addresses stay allowed, whatever its TTL (0: the TTL)")
 	flags.Int("tofqdns-endpoint-max-ip-per-hostname", def.ToFQDNsMaxIPsPerHost, "The most addresses a pod holds for one name; past it the first to expire go (enimasq_policy_fqdn_ips_dropped_total)")
 	flags.Int("policy-fqdn-max-names-per-pod", def.PolicyFQDNMaxNames, "The most names a pod holds addresses for; past it the name whose addresses expire first goes (enimasq_policy_fqdn_ips_dropped_total)")
+	flags.Int("policy-fqdn-max-ips-per-pod", def.PolicyFQDNMaxIPs, "The most addresses a pod holds for all its names (each is a key of the pod in the node's shared policy map: one pod's lookups must not fill it); past it the names whose addresses expire first go (enimasq_policy_fqdn_ips_dropped_total)")
 	flags.Duration("tofqdns-proxy-response-max-delay", def.ToFQDNsProxyMaxDelay, "How long an answer with new addresses waits for them to be in the kernel; past it the pod gets SERVFAIL (Cilium sends the answer then; enimasq never gives a pod an answer its policy cannot use yet)")
 }
 
@@ -87,7 +90,7 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 	c := p.FQDN
 	s := fqdn.Settings{
 		Port: c.ToFQDNsProxyPort, IPv4: p.Node.EnableIPv4, IPv6: p.Node.EnableIPv6,
-		MinTTL: time.Duration(c.ToFQDNsMinTTL) * time.Second, MaxIPsPerName: c.ToFQDNsMaxIPsPerHost, MaxNamesPerPod: c.PolicyFQDNMaxNames,
+		MinTTL: time.Duration(c.ToFQDNsMinTTL) * time.Second, MaxIPsPerName: c.ToFQDNsMaxIPsPerHost, MaxNamesPerPod: c.PolicyFQDNMaxNames, MaxIPsPerPod: c.PolicyFQDNMaxIPs,
 		MaxDelay: c.ToFQDNsProxyMaxDelay, Mark: fqdnMark, Table: fqdnTable,
 	}
 	switch {
@@ -110,6 +113,8 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 		return s, fmt.Errorf("--tofqdns-endpoint-max-ip-per-hostname %d: must be at least 1", c.ToFQDNsMaxIPsPerHost)
 	case c.PolicyFQDNMaxNames < 1:
 		return s, fmt.Errorf("--policy-fqdn-max-names-per-pod %d: must be at least 1", c.PolicyFQDNMaxNames)
+	case c.PolicyFQDNMaxIPs < c.ToFQDNsMaxIPsPerHost:
+		return s, fmt.Errorf("--policy-fqdn-max-ips-per-pod %d: must be at least --tofqdns-endpoint-max-ip-per-hostname (%d)", c.PolicyFQDNMaxIPs, c.ToFQDNsMaxIPsPerHost)
 	case c.ToFQDNsProxyMaxDelay <= 0:
 		return s, fmt.Errorf("--tofqdns-proxy-response-max-delay %s: must be positive", c.ToFQDNsProxyMaxDelay)
 	}

@@ -60,7 +60,7 @@ func (d *deriver[T, K]) named(txn statedb.ReadTxn, pod netip.Addr, sel selection
 	for i, o := range sel.objs {
 		objs[i] = o.WithNameIPs(ips)
 	}
-	sel.objs = objs
+	sel.named, sel.objs = sel.objs, objs
 	sel.objsKey += "|names:" + key.String()
 	return sel, rev
 }

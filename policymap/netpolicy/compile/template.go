@@ -23,6 +23,11 @@ type selection[T endpoints.Slice] struct {
 	// objsKey identifies objs (objectSet).
 	objsKey string
 	hosts   []netip.Addr // sorted, of the family
+	// named are the objects objs were made from when they are copies with
+	// their name rules' addresses (names.go): objsKey holds their
+	// addresses, so the selection keeps them alive (no other object
+	// takes one of their addresses while its key is in use).
+	named []T
 }
 
 // selectionOf returns the selection of a pod IP: set is the objects that

@@ -39,11 +39,15 @@ type NameRule struct {
 
 // Matches reports whether the rule's pattern matches a name: equal, or,
 // for "*.suffix", one or more whole labels before suffix. Case and a
-// trailing dot do not matter.
+// trailing dot do not matter; a name with an escape (a "\." inside a label,
+// a "\DDD" byte) matches nothing.
 func (r NameRule) Matches(name string) bool { return MatchName(r.Pattern, name) }
 
 // MatchName reports whether a canonical pattern matches a name.
 func MatchName(pattern, name string) bool {
+	if strings.ContainsRune(name, '\\') {
+		return false // an escaped dot or byte: its labels are not what the text says
+	}
 	name = CanonicalName(name)
 	if suffix, ok := strings.CutPrefix(pattern, "*"); ok {
 		return len(name) > len(suffix) && strings.HasSuffix(name, suffix)

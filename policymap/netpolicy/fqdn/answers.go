@@ -34,7 +34,7 @@ const maxChain = 16
 // for names the pod did not ask. A question with no addresses is
 // returned with none (a NODATA or NXDOMAIN teaches nothing).
 func answersOf(m *dns.Msg) []answered {
-	if m == nil || m.Rcode != dns.RcodeSuccess {
+	if m == nil || !m.Response || m.Opcode != dns.OpcodeQuery || m.Rcode != dns.RcodeSuccess {
 		return nil
 	}
 	var out []answered

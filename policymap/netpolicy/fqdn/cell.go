@@ -128,6 +128,8 @@ func (l *learner) openProxy() (*dnsproxy.Proxy, error) {
 	px, err := dnsproxy.New(dnsproxy.Config{
 		Port: l.settings.Port, IPv4: l.settings.IPv4, IPv6: l.settings.IPv6,
 		Mark: l.settings.Mark,
+		// The hook may hold an answer MaxDelay: its timeout is longer.
+		Timeout: max(dnsproxy.DefaultTimeout, l.settings.MaxDelay+time.Second),
 	}, l.learn, l.log)
 	if err != nil {
 		return nil, err

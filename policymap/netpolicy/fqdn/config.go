@@ -22,9 +22,10 @@ type Settings struct {
 	IPv4, IPv6 bool
 	// MinTTL is the least time an answer's addresses are allowed for.
 	MinTTL time.Duration
-	// MaxIPsPerName bounds the addresses a pod holds for one name, and
-	// MaxNamesPerPod its names: past them, those that expire first go.
-	MaxIPsPerName, MaxNamesPerPod int
+	// MaxIPsPerName bounds the addresses a pod holds for one name,
+	// MaxNamesPerPod its names and MaxIPsPerPod its addresses: past them,
+	// those that expire first go.
+	MaxIPsPerName, MaxNamesPerPod, MaxIPsPerPod int
 	// MaxDelay is how long an answer with new addresses may wait for the
 	// kernel; past it the pod gets SERVFAIL (never an answer it cannot
 	// use).

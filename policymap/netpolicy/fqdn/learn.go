@@ -128,7 +128,7 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 	wtxn := l.db.WriteTxn(l.names)
 	var need statedb.Revision // the revision the kernel must have
 	for _, lt := range learnts {
-		ttl := max(lt.TTL, l.settings.MinTTL)
+		ttl := min(max(lt.TTL, l.settings.MinTTL, minLife), maxLife)
 		row, rev, ok := l.names.Get(wtxn, endpoints.DNSNameQuery(q.Pod, lt.Name))
 		if ok && row.PodName != podName {
 			ok = false // another pod's, whose IP this pod has now
@@ -141,7 +141,7 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 			}
 			continue
 		}
-		l.evictOver(wtxn, q.Pod, lt.Name)
+		l.evictOver(wtxn, q.Pod, lt.Name, len(next.IPs))
 		if _, _, err := l.names.Insert(wtxn, next); err != nil {
 			wtxn.Abort()
 			return fmt.Errorf("write %s: %w", endpoints.DNSNamesTableName, err)
@@ -172,8 +172,8 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 
 // merge returns the row of a pod and name with ips added, all expiring
 // no earlier than expires, nil if nothing changed but expiries pushed out
-// by less than refreshSlack. It keeps at most max addresses: the ones
-// that expire first go (dropped counts them).
+// by less than refreshSlack. It keeps at most max addresses: the answer's,
+// then those that expire last (dropped counts the others).
 func merge(row *endpoints.DNSName, ok bool, pod netip.Addr, podName, name string, ips []netip.Addr, expires time.Time, from []string, maxIPs int) (next *endpoints.DNSName, added bool, dropped int) {
 	changed := !ok
 	var out []endpoints.NameIP
@@ -198,7 +198,17 @@ func merge(row *endpoints.DNSName, ok bool, pod netip.Addr, podName, name string
 		return nil, false, 0
 	}
 	if len(out) > maxIPs {
-		slices.SortStableFunc(out, func(a, b endpoints.NameIP) int { return b.Expires.Compare(a.Expires) })
+		// The answer's own addresses stay (the pod is about to use
+		// them); of the others, those that expire last.
+		slices.SortStableFunc(out, func(a, b endpoints.NameIP) int {
+			if ia, ib := slices.Contains(ips, a.IP), slices.Contains(ips, b.IP); ia != ib {
+				if ia {
+					return -1
+				}
+				return 1
+			}
+			return b.Expires.Compare(a.Expires)
+		})
 		dropped = len(out) - maxIPs
 		out = out[:maxIPs]
 	}
@@ -228,23 +238,42 @@ func (l *learner) heldUnder(txn statedb.ReadTxn, pod netip.Addr, podName, name s
 	return true, rev
 }
 
+// An answer's addresses stay at least minLife, whatever its TTL: a TTL 0
+// answer is used right after it is given (and must not be swept before
+// the pod connects); and at most maxLife, whatever its TTL (an answer
+// cannot allow an address for years).
+const (
+	minLife = 5 * time.Second
+	maxLife = 24 * time.Hour
+)
+
 // refreshSlack is how far an expiry may lag before a lookup writes it
 // again: a pod that asks a thousand times a second writes its row about
 // once a second, not a thousand times.
 const refreshSlack = time.Second
 
-// evictOver makes room for a new name of a pod: past MaxNamesPerPod, the
-// row that expires first goes (its addresses with it).
-func (l *learner) evictOver(wtxn statedb.WriteTxn, pod netip.Addr, name string) {
-	rows := statedb.Collect(l.names.List(wtxn, endpoints.DNSNamePodIndex.Query(pod)))
-	if len(rows) < l.settings.MaxNamesPerPod || slices.ContainsFunc(rows, func(r *endpoints.DNSName) bool { return r.Name == name }) {
-		return
+// evictOver makes room for a pod's row of name holding n addresses: past
+// MaxNamesPerPod names or MaxIPsPerPod addresses (every address is a key
+// of the pod in the node's shared policy map), the other rows that
+// expire first go, their addresses with them.
+func (l *learner) evictOver(wtxn statedb.WriteTxn, pod netip.Addr, name string, n int) {
+	var others []*endpoints.DNSName
+	ips := n
+	for r := range l.names.List(wtxn, endpoints.DNSNamePodIndex.Query(pod)) {
+		if r.Name != name {
+			others = append(others, r)
+			ips += len(r.IPs)
+		}
 	}
-	slices.SortFunc(rows, func(a, b *endpoints.DNSName) int { return lastExpiry(a).Compare(lastExpiry(b)) })
-	for _, r := range rows[:len(rows)-l.settings.MaxNamesPerPod+1] {
+	slices.SortFunc(others, func(a, b *endpoints.DNSName) int { return lastExpiry(a).Compare(lastExpiry(b)) })
+	for _, r := range others {
+		if len(others) < l.settings.MaxNamesPerPod && ips <= l.settings.MaxIPsPerPod {
+			break
+		}
 		l.names.Delete(wtxn, r)
 		l.forget(r.Key())
 		l.metrics.dropped(len(r.IPs))
+		others, ips = others[1:], ips-len(r.IPs)
 	}
 }
 

@@ -48,6 +48,8 @@ func TestMatchName(t *testing.T) {
 		{"*.example.com", "example.com", false},
 		{"*.example.com", "aexample.com", false},
 		{"*.example.com", "a.example.com.evil.org", false},
+		{"*.example.com", `a\.example.com`, false},
+		{"*.example.com", `a\046b.example.com`, false},
 	} {
 		if got := endpoints.MatchName(tc.pattern, tc.name); got != tc.want {
 			t.Errorf("MatchName(%q, %q) = %v, want %v", tc.pattern, tc.name, got, tc.want)

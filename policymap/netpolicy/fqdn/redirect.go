@@ -65,6 +65,24 @@ func (l *learner) redirected(txn statedb.ReadTxn) []netip.Addr {
 	return out
 }
 
+// redirectCheck is how often the redirect is checked against the kernel:
+// iptables sends no notification of a rule flushed by hand.
+const redirectCheck = 5 * time.Second
+
+// forgetPodsBut deletes the rows of the pods no name rule selects any
+// longer: what they were told allows nothing now, and a pod selected
+// again learns afresh.
+func (l *learner) forgetPodsBut(pods []netip.Addr) {
+	wtxn := l.db.WriteTxn(l.names)
+	defer wtxn.Commit()
+	for row := range l.names.All(wtxn) {
+		if _, found := slices.BinarySearchFunc(pods, row.Pod, netip.Addr.Compare); !found {
+			l.names.Delete(wtxn, row)
+			l.forget(row.Key())
+		}
+	}
+}
+
 // redirect keeps the redirect's pods those that name rules select, until
 // ctx is done; then it takes the redirect away (a stopped agent leaves
 // no lookup going to a proxy that is not there: without the redirect the
@@ -79,12 +97,17 @@ func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) erro
 	}()
 	var last []netip.Addr
 	synced := false
+	check := time.NewTicker(redirectCheck)
+	defer check.Stop()
 	for {
 		txn := l.db.ReadTxn()
 		_, pw := l.pes.AllWatch(txn)
 		_, cw := l.cpes.AllWatch(txn)
 		pods := l.redirected(txn)
 		var retry <-chan time.Time
+		if !slices.Equal(pods, last) {
+			l.forgetPodsBut(pods)
+		}
 		if !synced || !slices.Equal(pods, last) {
 			if err := r.Sync(pods); err != nil {
 				h.Degraded("DNS redirect", fmt.Errorf("redirect the lookups of %d pods to the DNS proxy: %w", len(pods), err))
@@ -100,6 +123,11 @@ func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) erro
 		case <-pw:
 		case <-cw:
 		case <-retry:
+		case <-check.C:
+			// The rules, rule and route are checked against the kernel
+			// (rewritten if someone removed them; nothing written if
+			// they are in place).
+			synced = false
 		}
 	}
 }

@@ -152,7 +152,12 @@ func (v *cpeValidator) rules(path *field.Path, in []clusterEndpointInfo, dir str
 		action := v.action(p.Child("action"), r.Action)
 		ports := v.ports(p.Child("ports"), r.Ports)
 		read, name := v.peer(p, dir, r.CIDR, r.DomainName, fmt.Sprintf("skipped, its %s applies to nothing", r.Action))
-		if name != "" && action != "" {
+		switch {
+		case name != "" && action == endpoints.ActionDeny:
+			// The pod decides what it learns, and when it forgets: a flood
+			// of names, or the TTL run out, would lift the Deny.
+			v.fail(field.Invalid(p.Child("action"), string(action), "is not allowed on a domainName entry, which may Accept or Pass only (a Deny of the names a pod learns could be lifted by the pod itself)"))
+		case name != "" && action != "":
 			names = append(names, endpoints.NameRule{Pattern: name, Ports: ports, Action: action})
 		}
 		if !read {

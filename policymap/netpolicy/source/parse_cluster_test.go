@@ -116,6 +116,8 @@ func TestParseClusterErrorsNameFileFieldAndValue(t *testing.T) {
 		{"cidr", clusterMinimal("  egress: [{cidr: 10.0.0.0/33, action: Deny}]\n"), `field spec.egress[0].cidr: value "10.0.0.0/33" is not a CIDR`},
 		{"mapped cidr", clusterMinimal("  egress: [{cidr: '::ffff:10.0.0.0/104', action: Deny}]\n"), `is an IPv4-mapped IPv6 prefix`},
 		{"ingress without cidr", clusterMinimal("  ingress: [{ports: [{port: 80}], action: Deny}]\n"), "field spec.ingress[0].cidr is missing"},
+		{"a Deny of names", clusterMinimal("  egress: [{domainName: example.com, action: Deny}]\n"), `field spec.egress[0].action: value "Deny" is not allowed on a domainName entry, which may Accept or Pass only`},
+		{"not a domain name", clusterMinimal("  egress: [{domainName: 'ex ample.com', action: Accept}]\n"), `field spec.egress[0].domainName: value "ex ample.com" is not a domain name`},
 		{"ingress domainName", clusterMinimal("  ingress: [{cidr: 10.0.0.0/8, domainName: example.com, action: Deny}]\n"), `field spec.ingress[0].domainName: value "example.com" is for egress rules only`},
 		{"protocol", clusterMinimal("  egress: [{cidr: 10.0.0.0/8, ports: [{protocol: ICMP}], action: Deny}]\n"), `field spec.egress[0].ports[0].protocol: value "ICMP" is not TCP, UDP or SCTP`},
 		{"port", clusterMinimal("  egress: [{cidr: 10.0.0.0/8, ports: [{port: 65536}], action: Deny}]\n"), `field spec.egress[0].ports[0].port: value 65536 is outside 1..65535`},
@@ -151,7 +153,7 @@ func TestParseClusterWarnings(t *testing.T) {
 		egress     int
 	}{
 		{"host bits", "  egress: [{cidr: 10.1.2.3/8, action: Deny}]\n", []string{`spec.egress[0].cidr: "10.1.2.3/8" has host bits set: using 10.0.0.0/8`}, 1},
-		{"domainName without a cidr: a name rule", "  egress: [{domainName: '*.Example.com.', ports: [{port: 443}], action: Deny}]\n", nil, 0},
+		{"domainName without a cidr: a name rule", "  egress: [{domainName: '*.Example.com.', ports: [{port: 443}], action: Accept}]\n", nil, 0},
 		{"domainName and cidr", "  egress: [{cidr: 10.0.0.0/8, domainName: example.com, action: Accept}]\n",
 			[]string{`spec.egress[0].domainName: "example.com" is not enforced: the entry's cidr 10.0.0.0/8 is`}, 1},
 		{"neither", "  egress: [{action: Pass}]\n", []string{"spec.egress[0]: no cidr: skipped, its Pass applies to nothing (the AWS agent skips the entry)"}, 0},
