@@ -325,7 +325,7 @@ func TestPrivilegedPolicyFQDNFailClosed(t *testing.T) {
 	node.addPod("a", "enimfqdnfa01", podA)
 	// DNS to the peer's whole subnet: 10.0.1.54 answers nothing.
 	pe := strings.Replace(fqdnPolicy("a", podA, "*.example.com"), fqdnResolver+"/32", "10.0.1.0/24", 1)
-	a, _ := node.startAgent(map[string]string{"a": pe})
+	a, _ := node.startAgent(map[string]string{"a": pe}, "--tofqdns-min-ttl=3600")
 	waitAttached(a, 1)
 	if _, err := lookup(node, "a", "udp", "n1.example.com"); err != nil {
 		t.Fatal(err)
@@ -381,9 +381,16 @@ func TestPrivilegedPolicyFQDNFailClosed(t *testing.T) {
 		t.Error("with the agent gone n3.example.com is reached")
 	}
 
-	// Back: served at once.
+	// Back: what the pod was told before is still allowed (the agent's
+	// checkpoint), and lookups are served at once.
 	a.StartInNetNS(ns)
 	a.WaitStarted()
+	if !strings.Contains(a.Log(), "Restored the names the pods were told") {
+		t.Error("the names were not restored")
+	}
+	if !node.connect(node.podNS("a"), "10.0.2.2", fqdnPort) {
+		t.Error("after the restart n2.example.com, learnt before, is not reached")
+	}
 	a.WaitFor("the redirect to the new proxy", func() bool { return strings.Contains(a.Log(), "DNS redirect rules written") })
 	if ips, err := lookup(node, "a", "udp", "n3.example.com"); err != nil || len(ips) != 1 {
 		t.Fatalf("after the restart: %v %v", ips, err)

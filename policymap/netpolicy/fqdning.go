@@ -91,7 +91,7 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 	s := fqdn.Settings{
 		Port: c.ToFQDNsProxyPort, IPv4: p.Node.EnableIPv4, IPv6: p.Node.EnableIPv6,
 		MinTTL: time.Duration(c.ToFQDNsMinTTL) * time.Second, MaxIPsPerName: c.ToFQDNsMaxIPsPerHost, MaxNamesPerPod: c.PolicyFQDNMaxNames, MaxIPsPerPod: c.PolicyFQDNMaxIPs,
-		MaxDelay: c.ToFQDNsProxyMaxDelay, Mark: fqdnMark, Table: fqdnTable,
+		MaxDelay: c.ToFQDNsProxyMaxDelay, Mark: fqdnMark, Table: fqdnTable, StateDir: p.Node.StateDir,
 	}
 	switch {
 	case !p.Policy.EnableNetworkPolicy:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -63,8 +64,12 @@ type learner struct {
 	learnt map[string]statedb.Revision
 	// late are the pods whose last answer with new addresses did not
 	// reach the kernel in time (health).
-	late  map[string]time.Time
-	proxy *dnsproxy.Proxy
+	late map[string]time.Time
+	// journalMu guards journalFile (checkpoint.go) and orders its appends
+	// with the snapshots.
+	journalMu   sync.Mutex
+	journalFile *os.File
+	proxy       *dnsproxy.Proxy
 	// failed is when the proxy last failed lookups, and why (health).
 	failedAt  time.Time
 	failedWhy string
@@ -91,11 +96,26 @@ func (l *learner) metricsOut() metrics.Outs {
 
 func register(p params, l *learner) error {
 	wtxn := p.DB.WriteTxn(p.Names)
-	p.Names.RegisterInitializer(wtxn, "fqdn")(wtxn) // nothing to restore: names are learnt afresh
-	wtxn.Commit()
+	defer wtxn.Commit()
+	done := p.Names.RegisterInitializer(wtxn, "fqdn")
+	defer done(wtxn)
 	if p.Settings.Off != "" {
 		return nil
 	}
+	// What the pods were told before a restart, before anything compiles
+	// (checkpoint.go).
+	dir := p.Settings.StateDir
+	n, err := l.restore(wtxn, dir)
+	if err != nil {
+		l.log.Warn("Could not read all the names the pods were told before: they ask again", "dir", dir, "error", err)
+	}
+	if n > 0 {
+		l.log.Info("Restored the names the pods were told", "dir", dir, "rows", n)
+	}
+	if err := l.openJournal(dir); err != nil {
+		return fmt.Errorf("domain names: journal: %w", err)
+	}
+	p.Jobs.Add(job.OneShot("fqdn-checkpoint", l.writeCheckpoints(dir)))
 	px, err := l.openProxy()
 	if err != nil {
 		return fmt.Errorf("domain names: %w", err)

@@ -30,6 +30,8 @@ type Settings struct {
 	// kernel; past it the pod gets SERVFAIL (never an answer it cannot
 	// use).
 	MaxDelay time.Duration
+	// StateDir holds the checkpoint of policy-fqdn.
+	StateDir string
 	// Mark and Table are the redirect's fwmark and routing table.
 	Mark  uint32
 	Table int

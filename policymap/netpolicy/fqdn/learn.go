@@ -127,6 +127,7 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 	now := l.now()
 	wtxn := l.db.WriteTxn(l.names)
 	var need statedb.Revision // the revision the kernel must have
+	var grew []*endpoints.DNSName
 	for _, lt := range learnts {
 		ttl := min(max(lt.TTL, l.settings.MinTTL, minLife), maxLife)
 		row, rev, ok := l.names.Get(wtxn, endpoints.DNSNameQuery(q.Pod, lt.Name))
@@ -147,6 +148,7 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 			return fmt.Errorf("write %s: %w", endpoints.DNSNamesTableName, err)
 		}
 		if added {
+			grew = append(grew, next)
 			// An address the pod holds already under the same rules (a
 			// flood of names that all answer one address) is in the
 			// kernel once that row's is: wait for that one.
@@ -161,6 +163,7 @@ func (l *learner) learn(ctx context.Context, q dnsproxy.Query) error {
 		}
 	}
 	wtxn.Commit()
+	l.journal(grew) // before the answer: a restart keeps it
 	l.metrics.applied(len(learnts))
 	if need == 0 {
 		return nil

@@ -105,7 +105,15 @@ func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) erro
 		_, cw := l.cpes.AllWatch(txn)
 		pods := l.redirected(txn)
 		var retry <-chan time.Time
-		if !slices.Equal(pods, last) {
+		// Rows of pods no rule selects go, once the objects are read
+		// (before, every restored row would).
+		peOK, peInit := l.pes.Initialized(txn)
+		cpeOK, cpeInit := l.cpes.Initialized(txn)
+		if !peOK {
+			cw = peInit
+		} else if !cpeOK {
+			cw = cpeInit
+		} else if !slices.Equal(pods, last) {
 			l.forgetPodsBut(pods)
 		}
 		if !synced || !slices.Equal(pods, last) {
