@@ -53,11 +53,12 @@ k8s-bins: aws-np-controller coredns
 aws-np-controller:
 	GO=$(GO) test/k8stest/controller-build/build.sh
 
-# CoreDNS v1.15.0 (every in-tree plugin), the real resolver of the tests
-# that need one (test/coredns_helpers_test.go): built from the Go module
-# proxy once (go install of its own module, so its pinned dependencies) and
-# cached in ~/.cache/enimasq/coredns-v1.15.0 (about 9 minutes the first
-# time, then instant).
+# CoreDNS v1.15.0 with the plugins the tests use (bind, errors, file), the
+# real resolver of the tests that need one (test/coredns_helpers_test.go):
+# built from the Go module proxy once (its own module,
+# test/k8stest/coredns-build) and cached in ~/.cache/enimasq/coredns-v1.15.0
+# (about a minute the first time, then instant; the whole of CoreDNS took
+# nine).
 coredns:
 	GO=$(GO) test/k8stest/coredns-build/build.sh
 

@@ -41,6 +41,7 @@ type params struct {
 	CPEs     statedb.Table[*endpoints.ClusterPolicyEndpoint]
 	Names    statedb.RWTable[*endpoints.DNSName]
 	Jobs     job.Group
+	Health   cell.Health
 }
 
 // learner is the part's state: what the proxy's hook (learn.go), the
@@ -100,6 +101,7 @@ func register(p params, l *learner) error {
 	done := p.Names.RegisterInitializer(wtxn, "fqdn")
 	defer done(wtxn)
 	if p.Settings.Off != "" {
+		p.Health.OK("Off: " + p.Settings.Off)
 		return nil
 	}
 	// What the pods were told before a restart, before anything compiles
