@@ -95,8 +95,8 @@ func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) erro
 			l.log.Warn("Could not remove the DNS redirect", "error", err)
 		}
 	}()
-	var last []netip.Addr
-	synced := false
+	var last, kept []netip.Addr
+	synced, cleaned := false, false
 	check := time.NewTicker(redirectCheck)
 	defer check.Stop()
 	for {
@@ -113,8 +113,9 @@ func (l *learner) redirect(ctx context.Context, h cell.Health, port uint16) erro
 			cw = peInit
 		} else if !cpeOK {
 			cw = cpeInit
-		} else if !slices.Equal(pods, last) {
+		} else if !cleaned || !slices.Equal(pods, kept) {
 			l.forgetPodsBut(pods)
+			kept, cleaned = pods, true
 		}
 		if !synced || !slices.Equal(pods, last) {
 			if err := r.Sync(pods); err != nil {
