@@ -10,11 +10,11 @@ import (
 )
 
 // The DaemonSet's agent is not privileged: it runs with NET_ADMIN,
-// SYS_ADMIN, BPF and PERFMON only (Documentation/deploy/standalone/
-// daemonset.yaml). With exactly those, the agent starts healthy, pins its
-// maps and enforces a policy on a pod's device.
+// SYS_ADMIN, BPF, PERFMON and NET_RAW only (Documentation/deploy/standalone/
+// daemonset.yaml). With exactly those, the agent starts healthy (its DNS
+// proxy too), pins its maps and enforces a policy on a pod's device.
 func TestPrivilegedAgentWithTheDaemonSetsCapabilities(t *testing.T) {
-	const caps = "net_admin,sys_admin,bpf,perfmon"
+	const caps = "net_admin,sys_admin,bpf,perfmon,net_raw"
 	node := newPolicyNode(t)
 	node.addPod("a", "enimcapcap01", podA)
 	a := NewAgent(t)
@@ -37,7 +37,7 @@ func TestPrivilegedAgentWithTheDaemonSetsCapabilities(t *testing.T) {
 			eff, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
 		}
 	}
-	const want = 1<<12 | 1<<21 | 1<<38 | 1<<39 // NET_ADMIN, SYS_ADMIN, PERFMON, BPF
+	const want = 1<<12 | 1<<13 | 1<<21 | 1<<38 | 1<<39 // NET_ADMIN, NET_RAW, SYS_ADMIN, PERFMON, BPF
 	if eff != want {
 		t.Fatalf("the agent's CapEff is %#x, want %#x (%s)", eff, uint64(want), caps)
 	}
@@ -51,5 +51,29 @@ func TestPrivilegedAgentWithTheDaemonSetsCapabilities(t *testing.T) {
 	}
 	if out := a.MustDbg("health"); strings.Contains(out, "Degraded") || strings.Contains(out, "DEGRADED") {
 		t.Errorf("health with the DaemonSet's capabilities:\n%s", out)
+	}
+}
+
+// Without NET_RAW the DNS proxy cannot answer the pods: the agent runs on,
+// enforcing the rest, and says why domain names are not enforced.
+func TestPrivilegedAgentWithoutNetRaw(t *testing.T) {
+	const caps = "net_admin,sys_admin,bpf,perfmon"
+	node := newPolicyNode(t)
+	node.addPod("a", "enimcapraw01", podA)
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	a.Wrap = []string{"setpriv", "--bounding-set=-all,+" + strings.ReplaceAll(caps, ",", ",+"), "--inh-caps=-all", "--"}
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
+	a.Start()
+	a.WaitStarted()
+	a.WaitFor("health to say why domain names are not enforced", func() bool {
+		out, _, _ := a.Dbg("status", "--verbose")
+		return strings.Contains(out, "domain names are not enforced") && strings.Contains(out, "operation not permitted")
+	})
+	waitAttached(a, 1)
+	if node.connect(node.peerNS(), podA, 80) {
+		t.Error("the peer reached the pod: its ingress is isolated")
 	}
 }

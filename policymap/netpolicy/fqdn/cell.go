@@ -118,17 +118,7 @@ func register(p params, l *learner) error {
 		return fmt.Errorf("domain names: journal: %w", err)
 	}
 	p.Jobs.Add(job.OneShot("fqdn-checkpoint", l.writeCheckpoints(dir)))
-	px, err := l.openProxy()
-	if err != nil {
-		return fmt.Errorf("domain names: %w", err)
-	}
-	p.Jobs.Add(job.OneShot("fqdn-proxy", func(ctx context.Context, h cell.Health) error {
-		h.OK(fmt.Sprintf("Serving on port %d", px.Port()))
-		return px.Run(ctx)
-	}))
-	p.Jobs.Add(job.OneShot("fqdn-redirect", func(ctx context.Context, h cell.Health) error {
-		return l.redirect(ctx, h, px.Port())
-	}))
+	p.Jobs.Add(job.OneShot("fqdn-proxy", l.serve))
 	p.Jobs.Add(job.OneShot("fqdn-expire", l.expire))
 	p.Jobs.Add(job.OneShot("fqdn-health", func(ctx context.Context, h cell.Health) error {
 		t := time.NewTicker(time.Second)
@@ -143,6 +133,35 @@ func register(p params, l *learner) error {
 		}
 	}))
 	return nil
+}
+
+// openRetry is how long the proxy waits before it tries its sockets
+// again.
+const openRetry = 5 * time.Second
+
+// serve opens the proxy's sockets, redirects the selected pods' lookups to
+// them and serves them until ctx is done. Sockets that cannot be opened
+// (a capability missing, the port taken) leave the agent running, Degraded
+// with the reason, and are tried again: meanwhile no lookup is redirected,
+// and name rules allow nothing new (fail closed).
+func (l *learner) serve(ctx context.Context, h cell.Health) error {
+	var px *dnsproxy.Proxy
+	for {
+		var err error
+		if px, err = l.openProxy(); err == nil {
+			break
+		}
+		h.Degraded("DNS proxy", fmt.Errorf("domain names are not enforced: %w (tried again in %s)", err, openRetry))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(openRetry):
+		}
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- px.Run(ctx) }()
+	l.redirect(ctx, h, px.Port())
+	return <-ran
 }
 
 // openProxy opens the proxy's sockets (in the agent's network namespace).
