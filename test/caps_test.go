@@ -15,15 +15,7 @@ import (
 // proxy too), pins its maps and enforces a policy on a pod's device.
 func TestPrivilegedAgentWithTheDaemonSetsCapabilities(t *testing.T) {
 	const caps = "net_admin,sys_admin,bpf,perfmon,net_raw"
-	node := newPolicyNode(t)
-	node.addPod("a", "enimcapcap01", podA)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	a.Wrap = []string{"setpriv", "--bounding-set=-all,+" + strings.ReplaceAll(caps, ",", ",+"), "--inh-caps=-all", "--"}
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
+	node, a := agentWithCaps(t, caps, "enimcapcap01")
 	a.WaitHealthy()
 
 	// The agent's effective set is the DaemonSet's, no more.
@@ -57,16 +49,7 @@ func TestPrivilegedAgentWithTheDaemonSetsCapabilities(t *testing.T) {
 // Without NET_RAW the DNS proxy cannot answer the pods: the agent runs on,
 // enforcing the rest, and says why domain names are not enforced.
 func TestPrivilegedAgentWithoutNetRaw(t *testing.T) {
-	const caps = "net_admin,sys_admin,bpf,perfmon"
-	node := newPolicyNode(t)
-	node.addPod("a", "enimcapraw01", podA)
-	a := NewAgent(t)
-	a.NetNSName = node.Node
-	a.Wrap = []string{"setpriv", "--bounding-set=-all,+" + strings.ReplaceAll(caps, ",", ",+"), "--inh-caps=-all", "--"}
-	dir := filepath.Join(a.Dir, "policyendpoints")
-	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
-	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
-	a.Start()
+	node, a := agentWithCaps(t, "net_admin,sys_admin,bpf,perfmon", "enimcapraw01")
 	a.WaitStarted()
 	a.WaitFor("health to say why domain names are not enforced", func() bool {
 		out, _, _ := a.Dbg("status", "--verbose")
@@ -76,4 +59,20 @@ func TestPrivilegedAgentWithoutNetRaw(t *testing.T) {
 	if node.connect(node.peerNS(), podA, 80) {
 		t.Error("the peer reached the pod: its ingress is isolated")
 	}
+}
+
+// agentWithCaps starts an agent with only the capabilities caps ("a,b"),
+// on a policy node with pod a (on device) isolated in ingress.
+func agentWithCaps(t *testing.T, caps, device string) (*policyNode, *Agent) {
+	t.Helper()
+	node := newPolicyNode(t)
+	node.addPod("a", device, podA)
+	a := NewAgent(t)
+	a.NetNSName = node.Node
+	a.Wrap = []string{"setpriv", "--bounding-set=-all,+" + strings.ReplaceAll(caps, ",", ",+"), "--inh-caps=-all", "--"}
+	dir := filepath.Join(a.Dir, "policyendpoints")
+	WriteFileAtomic(t, filepath.Join(dir, "a.yaml"), policyEndpoint("a", podA, []string{"Ingress"}, nil, nil))
+	a.Args = append(a.Args, "--enable-network-policy", "--policy-endpoints-path", dir, "--enable-ipv6=false")
+	a.Start()
+	return node, a
 }
