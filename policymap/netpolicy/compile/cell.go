@@ -193,6 +193,11 @@ func registerMaps[T policyRow[T], K kind[T]](p mapsParams[T, K]) error {
 		state:     p.Versioned,
 		node:      c.Node,
 		initDone:  initDone,
+		prune: newPruneTrigger(pruneAfter, func() {
+			if r := p.State.reconciler; r != nil {
+				r.Prune()
+			}
+		}),
 
 		returnMemory:      func() { returnMemory(c.Log) },
 		returnMemoryAfter: defaultReturnMemoryAfter,

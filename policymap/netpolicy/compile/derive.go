@@ -105,6 +105,11 @@ type deriver[T policyRow[T], K kind[T]] struct {
 	// health).
 	bad map[netip.Addr][]*MapEntry[K]
 
+	// prune asks the kind's reconciler for a prune of its maps (nil in
+	// tests without one): the keys of a version restored from an earlier
+	// run have no row (pruneRestored).
+	prune *pruneTrigger
+
 	// metrics are nil for a kind that is not timed (kind.timed).
 	metrics *policyMetrics
 

@@ -225,3 +225,27 @@ func TestPrivilegedPolicyNoPruneBeforeSourceInitialized(t *testing.T) {
 	}
 	h.waitConverged(CompilePod(pod, pes))
 }
+
+// TestPrivilegedPolicyRestartRemovesRestoredVersion: a restart moves each
+// pod from the version an earlier run left in force to a new one. The old
+// version's keys have no row in this run: they must still leave the maps
+// once the new version is in force, without waiting for the periodic
+// prune (an hour away here), which the first prune, run before the switch,
+// cannot do (the old version was in force then).
+func TestPrivilegedPolicyRestartRemovesRestoredVersion(t *testing.T) {
+	pes := mustParse(t, pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n"+
+		"  egress:\n  - cidr: 10.1.0.0/16\n    ports: [{protocol: TCP, port: 80}]\n"))
+	want := CompilePod(netip.MustParseAddr("10.0.0.5"), pes)
+	args := []string{"--bpf-map-refresh-interval=1h"}
+	first := startPolicyHarness(t, harnessOptions{args: args})
+	first.setEndpoints(pes)
+	first.waitConverged(want)
+	first.stop()
+
+	for range 3 {
+		h := startPolicyHarness(t, harnessOptions{node: first.node, args: args})
+		h.setEndpoints(pes)
+		h.waitConverged(want) // one version's keys, not two
+		h.stop()
+	}
+}

@@ -276,6 +276,24 @@ func cleanup[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool) (s
 	return stale, next
 }
 
+// replacedWithoutRows says whether the version a pod's tier has just left
+// (tv.Prev, out of force: done) has no rows. Every version this run hands
+// out has rows (a pod with no entries gets none), so it is an earlier
+// run's, restored from the kernel (registerVersions): its keys are in the
+// maps with no row whose deletion removes them, and only a prune does
+// (the prune keeps a version's keys only while it is in force: keep).
+func replacedWithoutRows[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool) bool {
+	if !done || tv.Prev == policybpf.PolicyVersionNone || tv.Prev == policybpf.PolicyVersionClosed {
+		return false
+	}
+	for r := range rows {
+		if r.Key().Version == tv.Prev {
+			return false
+		}
+	}
+	return true
+}
+
 // needsCleanup lists the pods whose versions row of a tier, in a batch of
 // changes, has a replaced version whose rows may go (Done, Prev set).
 func needsCleanup(batch iter.Seq2[statedb.Change[*PodVersions], statedb.Revision], tier policybpf.PolicyTier) []netip.Addr {

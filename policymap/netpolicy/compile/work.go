@@ -37,6 +37,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 		if w == nil && d.cleanOnly[pod] {
 			delete(d.cleanOnly, pod)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
+			d.pruneRestored(before, pod, tv, done)
 			stale, next := cleanup(podRows(before, d.entries, pod), tv, done)
 			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
@@ -51,6 +52,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			pods++
 			d.noteBad(pod, desired)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
+			d.pruneRestored(before, pod, tv, done)
 			var next TierVersions
 			w, next, _ = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
 			next.Names = max(next.Names, names)
@@ -92,6 +94,17 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 		mark = reconcileMark{key: last.Key(), rows: written}
 	}
 	return pods, written, mark
+}
+
+// pruneRestored asks for a prune of the kind's maps when a pod's tier has
+// left a version restored from an earlier run (replacedWithoutRows): no
+// row deletion removes its keys. Without it they stay until the next
+// periodic prune, if the first prune (at initialization) ran before the
+// switch.
+func (d *deriver[T, K]) pruneRestored(before statedb.ReadTxn, pod netip.Addr, tv TierVersions, done bool) {
+	if d.prune != nil && replacedWithoutRows(podRows(before, d.entries, pod), tv, done) {
+		d.prune.request()
+	}
 }
 
 // desired compiles a pod's entries, and returns the revision of
