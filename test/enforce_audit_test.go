@@ -76,8 +76,8 @@ func TestPrivilegedNetworkPolicyAuditMode(t *testing.T) {
 	// Logged as "would deny" (rate-limited per pod and reason), served as
 	// audited events.
 	a.WaitFor("a would-deny log line", func() bool { return strings.Contains(a.Log(), `msg="Policy would deny (audit mode: passed)"`) })
-	if strings.Contains(a.Log(), `msg="Policy denied"`) {
-		t.Error(`audit mode logged "Policy denied"`)
+	if log := a.Log(); strings.Contains(log, `msg="Policy denied"`) {
+		t.Errorf("audit mode logged \"Policy denied\":\n%s", log)
 	}
 	events := a.MustDbg("policy", "events", "--follow=false", "-o", "json")
 	if !strings.Contains(events, `"audited": true`) && !strings.Contains(events, `"audited":true`) {

@@ -173,6 +173,23 @@ func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
 	want("NS from the pod to a global address", Egress, nd(pod6, peer6, 135, 255), false, PolicyDenied)
 	want("NA from a global address to the pod", Ingress, nd(peer6, pod6, 136, 255), false, PolicyDenied)
 	want("RA from a global address", Ingress, nd(peer6, pod6, 134, 255), false, PolicyDenied)
+
+	// Multicast listener discovery (RFC 3810): a pod's kernel reports its
+	// groups when its device comes up, from its link-local address, with
+	// hop limit 1 and a Router Alert (a hop-by-hop header).
+	mld := func(src, dst netip.Addr, typ, hopLimit byte) []byte {
+		return withExt6(nd(src, dst, typ, hopLimit), ext6(0, 8))
+	}
+	mldv2 := netip.MustParseAddr("ff02::16")
+	want("MLDv2 report from link-local", Egress, mld(ll, mldv2, 143, 1), true, PolicyNeighbor)
+	want("MLDv2 report from the unspecified address", Egress, mld(netip.IPv6Unspecified(), mldv2, 143, 1), true, PolicyNeighbor)
+	want("MLDv1 report to its group", Egress, mld(ll, netip.MustParseAddr("ff05::1:3"), 131, 1), true, PolicyNeighbor)
+	want("MLD query from the node", Ingress, mld(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("ff02::1"), 130, 1), true, PolicyNeighbor)
+	want("MLDv2 report with hop limit 2", Egress, mld(pod6, mldv2, 143, 2), false, PolicyDenied)
+	want("MLDv2 report from the pod's global address", Egress, mld(pod6, mldv2, 143, 1), false, PolicyDenied)
+	// Judged as any packet (the test run checks no source: no policy here).
+	want("MLDv1 report to a unicast address", Egress, mld(ll, peer6, 131, 1), true, PolicyNoPolicy)
+	want("MLD query to the pod's address", Ingress, mld(peer6, pod6, 130, 1), false, PolicyDenied)
 }
 
 // vlanTagged inserts an 802.1Q (or 802.1ad) tag of VLAN 0 after the MAC

@@ -33,7 +33,8 @@ const (
 	PolicyTracked PolicyReason = 5
 	// PolicyStrict: no policy selects the pod and the mode is strict.
 	PolicyStrict PolicyReason = 6
-	// PolicyNeighbor: IPv6 router or neighbour discovery, passed.
+	// PolicyNeighbor: IPv6 router, neighbour or multicast listener
+	// discovery (the link's own signalling), passed.
 	PolicyNeighbor PolicyReason = 7
 	// PolicySpoofed: what a pod sent claims an address that is not one of
 	// its device's pods, or what it receives claims a local pod's address
@@ -123,7 +124,7 @@ func (r PolicyReason) String() string {
 	case PolicyStrict:
 		return "no policy selects the pod (strict mode)"
 	case PolicyNeighbor:
-		return "IPv6 neighbour discovery"
+		return "IPv6 neighbour or multicast listener discovery"
 	case PolicySpoofed:
 		return "the source is another device's pod address"
 	case PolicyMalformed:

@@ -70,7 +70,7 @@
 #define REASON_ARP 4       /* ARP: passed */
 #define REASON_TRACKED 5   /* a packet of a connection the policy allowed */
 #define REASON_STRICT 6    /* no policy selects the pod, and the mode is strict */
-#define REASON_NEIGHBOR 7  /* IPv6 neighbour discovery as RFC 4861 allows it: passed */
+#define REASON_NEIGHBOR 7  /* IPv6 neighbour (RFC 4861) or multicast listener (RFC 3810) discovery: passed */
 #define REASON_SPOOFED 8   /* the source is a pod address of another device, or of none */
 #define REASON_MALFORMED 9 /* a frame the programs cannot judge: dropped */
 #define REASON_FRAGMENT 10 /* a later fragment of a datagram whose first fragment passed */
@@ -1075,17 +1075,30 @@ static __always_inline int link_scope(const __u8 *a)
 	return link_local(a) || (a[0] == 0xff && (a[1] & 0x0f) == 2);
 }
 
-/* neighbour_discovery says whether an ICMPv6 packet is router or neighbour
- * discovery as RFC 4861 allows it, which IPv6 needs to work at all and no
- * policy names: hop limit 255 (so it was not forwarded, and will not be),
- * router solicitations from a link-local source (or the unspecified one,
- * to a link-scope destination), advertisements and redirects from a
- * link-local source, neighbour solicitations and advertisements from a
- * link-local or unspecified source or to a link-scope destination. A
- * global source is checked against the pod's device like any other. */
+/* neighbour_discovery says whether an ICMPv6 packet is the link's own
+ * signalling, which IPv6 needs to work at all and no policy names.
+ * Router and neighbour discovery as RFC 4861 allows it: hop limit 255 (so
+ * it was not forwarded, and will not be), router solicitations from a
+ * link-local source (or the unspecified one, to a link-scope destination),
+ * advertisements and redirects from a link-local source, neighbour
+ * solicitations and advertisements from a link-local or unspecified source
+ * or to a link-scope destination. Multicast listener discovery as RFC 2710
+ * and RFC 3810 allow it (a pod's kernel reports its groups when its device
+ * comes up): hop limit 1 (never forwarded), from a link-local or
+ * unspecified source, to a multicast group. A global source is checked
+ * against the pod's device like any other. */
 static __always_inline int neighbour_discovery(const struct pkt *p, const struct flow *f)
 {
-	if (p->family != 6 || p->protocol != IPPROTO_ICMPV6 || p->frag != FRAG_NONE || p->hop_limit != 255)
+	if (p->family != 6 || p->protocol != IPPROTO_ICMPV6 || p->frag != FRAG_NONE)
+		return 0;
+	switch (f->icmp_type) {
+	case 130: /* multicast listener query */
+	case 131: /* MLDv1 report */
+	case 132: /* MLDv1 done */
+	case 143: /* MLDv2 report */
+		return p->hop_limit == 1 && (link_local(p->src) || unspecified(p->src)) && p->dst[0] == 0xff;
+	}
+	if (p->hop_limit != 255)
 		return 0;
 	switch (f->icmp_type) {
 	case 133: /* router solicitation */
