@@ -45,6 +45,12 @@ type ruleRepair struct {
 	// pruneNow triggers the rule reconciler's prune.
 	pruneNow func()
 
+	// deleted are the keys of the rules of ours the kernel lost, until it
+	// holds them again or no row desires them: a row the reconciler marks
+	// Done just after its rule was deleted (its add raced the deletion)
+	// is caught as it turns Done (recheck).
+	deleted map[RuleKey]struct{}
+
 	// The changes of the kernel tables, from the start on.
 	kernelRules  statedb.ChangeIterator[*kernel.Rule]
 	kernelRoutes statedb.ChangeIterator[*kernel.Route]
@@ -89,7 +95,12 @@ func (r *ruleRepair) changes(txn statedb.ReadTxn) kernelChanges {
 	rules, rw := r.kernelRules.Next(txn)
 	for change := range rules {
 		c.ruleChanged = true
-		c.ruleDeleted = c.ruleDeleted || change.Deleted
+		if change.Deleted {
+			c.ruleDeleted = true
+			if k, ok := r.ours(change.Object); ok {
+				r.deleted[k] = struct{}{}
+			}
+		}
 	}
 	routes, routesW := r.kernelRoutes.Next(txn)
 	for range routes {
@@ -108,6 +119,7 @@ func (r *ruleRepair) changes(txn statedb.ReadTxn) kernelChanges {
 func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 	// The kernel's first listing is the state the reconcilers start from,
 	// not a change: it is taken in without a repair.
+	r.deleted = map[RuleKey]struct{}{}
 	for {
 		txn := r.db.ReadTxn()
 		rulesInit, rw := r.kernel.Rules.Initialized(txn)
@@ -126,6 +138,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		}
 	}
 
+	clear(r.deleted)
 	health.OK("Watching rule, route and link changes")
 	var pruneGap <-chan time.Time // set while the last prune is too recent
 	prunePending := false
@@ -134,10 +147,13 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		if c.ruleChanged {
 			prunePending = true
 		}
-		if c.ruleDeleted {
-			if n := r.repair(); n > 0 {
+		var rulesWatch <-chan struct{} // while deleted rules are not back
+		if c.ruleDeleted || len(r.deleted) > 0 {
+			n, watch := r.repair()
+			if n > 0 {
 				r.log.Info("Rules deleted by someone else: putting them back", "rules", n)
 			}
+			rulesWatch = watch
 		}
 		if c.routesChanged {
 			r.repairRoutes()
@@ -155,6 +171,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		case <-c.watch[0]:
 		case <-c.watch[1]:
 		case <-c.watch[2]:
+		case <-rulesWatch:
 		}
 	}
 }
@@ -214,18 +231,25 @@ func (r *ruleRepair) repairRoutes() {
 	}
 }
 
-// repair marks Pending the Done rows whose rule the kernel does not hold, and
-// returns how many.
-func (r *ruleRepair) repair() int {
+// ours is the key of a rule the kernel holds if it is of the kind the
+// rows write (plain, our protocol, a family of ours).
+func (r *ruleRepair) ours(kr *kernel.Rule) (RuleKey, bool) {
+	if !slices.Contains(r.families, kr.Family) || int(kr.Protocol) != r.settings.PodRules.Protocol {
+		return RuleKey{}, false
+	}
+	return ruleKeyOf(&kr.Rule)
+}
+
+// repair marks Pending the Done rows whose rule the kernel does not hold,
+// and returns how many. It forgets the deleted keys the kernel holds again
+// or no row desires, and, while some are left (their rows not Done yet),
+// returns a watch of eni-rules to look again when they change.
+func (r *ruleRepair) repair() (int, <-chan struct{}) {
 	wtxn := r.db.WriteTxn(r.rules)
 	defer wtxn.Abort()
 	present := map[RuleKey]bool{}
 	for kr := range r.kernel.Rules.All(wtxn) {
-		if !slices.Contains(r.families, kr.Family) {
-			continue
-		}
-		k, plain := ruleKeyOf(&kr.Rule)
-		if plain && int(kr.Protocol) == r.settings.PodRules.Protocol {
+		if k, ok := r.ours(kr); ok {
 			present[k] = true
 		}
 	}
@@ -236,9 +260,18 @@ func (r *ruleRepair) repair() int {
 		}
 		missing = append(missing, row)
 	}
+	for k := range r.deleted {
+		if _, _, desired := r.rules.Get(wtxn, RuleKeyIndex.Query(k)); present[k] || !desired {
+			delete(r.deleted, k)
+		}
+	}
 	for _, row := range missing {
 		r.rules.Insert(wtxn, row.Clone().SetStatus(reconciler.StatusPending()))
 	}
-	wtxn.Commit()
-	return len(missing)
+	txn := wtxn.Commit()
+	if len(r.deleted) == 0 {
+		return len(missing), nil
+	}
+	_, watch := r.rules.AllWatch(txn)
+	return len(missing), watch
 }
