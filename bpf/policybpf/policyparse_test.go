@@ -188,6 +188,7 @@ func TestPrivilegedPolicyProgramParsesWhatItJudges(t *testing.T) {
 	want("MLDv2 report with hop limit 2", Egress, mld(pod6, mldv2, 143, 2), false, PolicyDenied)
 	want("MLDv2 report from the pod's global address", Egress, mld(pod6, mldv2, 143, 1), false, PolicyDenied)
 	// Judged as any packet (the test run checks no source: no policy here).
+	want("MLDv2 report to a site-scope group", Egress, mld(pod6, netip.MustParseAddr("ff05::16"), 143, 1), false, PolicyDenied)
 	want("MLDv1 report to a unicast address", Egress, mld(ll, peer6, 131, 1), true, PolicyNoPolicy)
 	want("MLD query to the pod's address", Ingress, mld(peer6, pod6, 130, 1), false, PolicyDenied)
 }

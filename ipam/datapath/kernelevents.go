@@ -149,7 +149,7 @@ func (r *ruleRepair) run(ctx context.Context, health cell.Health) error {
 		}
 		var rulesWatch <-chan struct{} // while deleted rules are not back
 		if c.ruleDeleted || len(r.deleted) > 0 {
-			n, watch := r.repair()
+			n, watch := r.repair(!c.ruleDeleted)
 			if n > 0 {
 				r.log.Info("Rules deleted by someone else: putting them back", "rules", n)
 			}
@@ -240,11 +240,14 @@ func (r *ruleRepair) ours(kr *kernel.Rule) (RuleKey, bool) {
 	return ruleKeyOf(&kr.Rule)
 }
 
-// repair marks Pending the Done rows whose rule the kernel does not hold,
-// and returns how many. It forgets the deleted keys the kernel holds again
-// or no row desires, and, while some are left (their rows not Done yet),
-// returns a watch of eni-rules to look again when they change.
-func (r *ruleRepair) repair() (int, <-chan struct{}) {
+// repair marks Pending the Done rows whose rule the kernel does not hold
+// (onlyDeleted: only those of the deleted keys, when eni-rules changed and
+// the kernel's rules did not), and returns how many. It forgets the
+// deleted keys the kernel holds again, or no row desires, or whose row it
+// marked Pending (the reconciler writes it), and, while some are left
+// (their rows not Done yet), returns a watch of eni-rules to look again
+// when they change.
+func (r *ruleRepair) repair(onlyDeleted bool) (int, <-chan struct{}) {
 	wtxn := r.db.WriteTxn(r.rules)
 	defer wtxn.Abort()
 	present := map[RuleKey]bool{}
@@ -255,6 +258,9 @@ func (r *ruleRepair) repair() (int, <-chan struct{}) {
 	}
 	var missing []*Rule
 	for row := range r.rules.All(wtxn) {
+		if _, deleted := r.deleted[row.RuleKey]; onlyDeleted && !deleted {
+			continue
+		}
 		if row.Status.Kind != reconciler.StatusKindDone || present[row.RuleKey] {
 			continue
 		}
@@ -267,6 +273,7 @@ func (r *ruleRepair) repair() (int, <-chan struct{}) {
 	}
 	for _, row := range missing {
 		r.rules.Insert(wtxn, row.Clone().SetStatus(reconciler.StatusPending()))
+		delete(r.deleted, row.RuleKey)
 	}
 	txn := wtxn.Commit()
 	if len(r.deleted) == 0 {

@@ -60,7 +60,7 @@ func TestRuleRepairDeletionBeforeDone(t *testing.T) {
 	if c := r.changes(db.ReadTxn()); !c.ruleDeleted {
 		t.Fatal("the deletion is not seen")
 	}
-	n0, watch := r.repair()
+	n0, watch := r.repair(false)
 	if n0 != 0 || watch == nil {
 		t.Fatalf("repair with the row Pending: %d rows, watch %v; want 0 rows and a watch of eni-rules", n0, watch)
 	}
@@ -74,7 +74,7 @@ func TestRuleRepairDeletionBeforeDone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the row turned Done and the watch did not fire")
 	}
-	if n1, _ := r.repair(); n1 != 1 || status() != reconciler.StatusKindPending {
+	if n1, _ := r.repair(true); n1 != 1 || status() != reconciler.StatusKindPending {
 		t.Fatalf("repair after the row turned Done: %d rows, status %s; want 1, Pending", n1, status())
 	}
 
@@ -84,7 +84,7 @@ func TestRuleRepairDeletionBeforeDone(t *testing.T) {
 	rules.Insert(wtxn, row.Clone().SetStatus(reconciler.StatusDone()))
 	wtxn.Commit()
 	r.changes(db.ReadTxn())
-	if n2, watch := r.repair(); n2 != 0 || watch != nil || len(r.deleted) != 0 {
+	if n2, watch := r.repair(false); n2 != 0 || watch != nil || len(r.deleted) != 0 {
 		t.Fatalf("repair with the rule back: %d rows, watch %v, deleted %v; want none", n2, watch, r.deleted)
 	}
 }

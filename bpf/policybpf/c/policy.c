@@ -1085,18 +1085,21 @@ static __always_inline int link_scope(const __u8 *a)
  * or to a link-scope destination. Multicast listener discovery as RFC 2710
  * and RFC 3810 allow it (a pod's kernel reports its groups when its device
  * comes up): hop limit 1 (never forwarded), from a link-local or
- * unspecified source, to a multicast group. A global source is checked
+ * unspecified source, to a multicast group (a link-scope one for MLDv2
+ * reports and MLDv1 done messages). A global source is checked
  * against the pod's device like any other. */
 static __always_inline int neighbour_discovery(const struct pkt *p, const struct flow *f)
 {
 	if (p->family != 6 || p->protocol != IPPROTO_ICMPV6 || p->frag != FRAG_NONE)
 		return 0;
 	switch (f->icmp_type) {
-	case 130: /* multicast listener query */
-	case 131: /* MLDv1 report */
-	case 132: /* MLDv1 done */
-	case 143: /* MLDv2 report */
+	case 130: /* multicast listener query: to all nodes, or to the group */
+	case 131: /* MLDv1 report: to the group */
 		return p->hop_limit == 1 && (link_local(p->src) || unspecified(p->src)) && p->dst[0] == 0xff;
+	case 132: /* MLDv1 done: to all routers (ff02::2) */
+	case 143: /* MLDv2 report: to all MLDv2 routers (ff02::16) */
+		return p->hop_limit == 1 && (link_local(p->src) || unspecified(p->src)) && p->dst[0] == 0xff &&
+		       link_scope(p->dst);
 	}
 	if (p->hop_limit != 255)
 		return 0;

@@ -2,6 +2,7 @@ package compile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -49,6 +50,11 @@ type policyVersions struct {
 	mu        sync.Mutex
 	next      uint32
 	highWater uint32 // recorded in the kernel: numbers below are handed out
+
+	// closing is held (read) by the prune's lookups and (write) by close:
+	// the maps are closed at stop while a reconciler may still prune.
+	closing sync.RWMutex
+	closed  bool
 
 	// ready is closed once the versions an earlier run left are read
 	// (restore): no number is handed out before.
@@ -143,8 +149,28 @@ func (v *policyVersions) takeRestored() map[netip.Addr][2]uint32 {
 	return r
 }
 
-// inForce returns the versions the kernel has in force for a pod.
-func (v *policyVersions) inForce(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, bool) {
+// close closes the versions map (its pin stays), once no prune is
+// looking it up; a prune after keeps every key.
+func (v *policyVersions) close() {
+	v.closing.Lock()
+	defer v.closing.Unlock()
+	v.closed = true
+	v.maps.Close()
+}
+
+// inForce returns the versions the kernel has in force for a pod; closed:
+// the map was closed (the agent is stopping), nothing is known.
+func (v *policyVersions) inForce(m bpf.PinnedMap, pod netip.Addr) (vs [2]uint32, ok, closed bool) {
+	v.closing.RLock()
+	defer v.closing.RUnlock()
+	if v.closed {
+		return [2]uint32{}, false, true
+	}
+	vs, ok = v.lookup(m, pod)
+	return vs, ok, false
+}
+
+func (v *policyVersions) lookup(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, bool) {
 	val := make([]byte, policybpf.PolicyVersionValueSize)
 	if err := m.Lookup(policybpf.PolicyPodKey(pod), val); err != nil {
 		return [2]uint32{}, false
@@ -167,9 +193,12 @@ func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[strin
 		}
 		open := kernel()
 		lists := map[string]bool{} // chunk list ids of kept values
+		// unknown: a kept key's value could not be read (the agent is
+		// stopping): its chunks are not known, so every chunk stays.
+		unknown := false
 		return func(name string, key []byte) bool {
 			if len(key) == policybpf.PolicyChunkKeySize {
-				return lists[string(key[:16])]
+				return unknown || lists[string(key[:16])]
 			}
 			var f bpf.Family
 			switch len(key) {
@@ -184,14 +213,21 @@ func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[strin
 			if err != nil || version == policybpf.PolicyVersionNone {
 				return false
 			}
-			vs, ok := v.inForce(versions, pod)
+			vs, ok, closed := v.inForce(versions, pod)
+			if closed {
+				unknown = true
+				return true // stopping: nothing is pruned on what is not known
+			}
 			if !ok || vs[tier] != version {
 				return false
 			}
 			if m := open[name]; m != nil {
 				val := make([]byte, policybpf.PolicyValueSize)
-				if err := m.Lookup(key, val); err == nil {
+				switch err := m.Lookup(key, val); {
+				case err == nil:
 					lists[string(val[8:24])] = true
+				case !errors.Is(err, ebpf.ErrKeyNotExist):
+					unknown = true
 				}
 			}
 			return true

@@ -73,7 +73,7 @@ func registerVersions(p versionsParams) error {
 			return nil
 		},
 		OnStop: func(cell.HookContext) error {
-			p.State.maps.Close()
+			p.State.close()
 			return nil
 		},
 	})
