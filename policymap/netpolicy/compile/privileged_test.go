@@ -79,9 +79,10 @@ func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
 	return out
 }
 
-// TestPrivilegedPolicyChurnWhileFailing: a destination pod IP changes in
-// the PolicyEndpoint while another entry of the pod's new version fails in
-// the kernel. The new version never comes into force: the pod keeps its
+// TestPrivilegedPolicyChurnWhileFailing: a destination changes in the
+// PolicyEndpoint (a pod IP becomes its /24 but that IP: nested keys, so a
+// new version, edit.go) while another entry of the pod's new version
+// fails in the kernel. The new version never comes into force: the pod keeps its
 // old one whole (the old destination allowed, the new one not), its row
 // names the failure, and the kernel's verdicts are the old version's. Once
 // the fault goes, the new version comes into force whole and the old
@@ -89,7 +90,7 @@ func mustList(t testing.TB, maps map[string]*ebpf.Map) string {
 func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	spec := func(dst string) string {
 		return "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n" +
-			"  egress:\n  - {cidr: " + dst + ", ports: [{port: 80}]}\n  - {cidr: 172.16.0.0/12, ports: [{protocol: UDP, port: 53}]}\n"
+			"  egress:\n  - {" + dst + ", ports: [{port: 80}]}\n  - {cidr: 172.16.0.0/12, ports: [{protocol: UDP, port: 53}]}\n"
 	}
 	pod := netip.MustParseAddr("10.0.0.5")
 	failing, _ := bpf.EncodePolicyKey(pod, netip.MustParsePrefix("172.16.0.0/12"))
@@ -99,7 +100,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 		return runPacket(t, prog, packet{Dir: policybpf.Egress, Pod: pod, Peer: netip.MustParseAddr(peer), Proto: 6, Port: 80}).Allow
 	}
 
-	before := mustParse(t, pe("client", spec("10.2.0.7")))
+	before := mustParse(t, pe("client", spec("cidr: 10.2.0.7/32")))
 	h.setEndpoints(before)
 	h.waitConverged(CompilePod(pod, before))
 	if !verdict("10.2.0.7") || verdict("10.2.0.8") {
@@ -113,7 +114,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 		}
 		return nil
 	})
-	after := mustParse(t, pe("client", spec("10.2.0.8")))
+	after := mustParse(t, pe("client", spec("cidr: 10.2.0.0/24, except: [10.2.0.7/32]")))
 	h.setEndpoints(after)
 	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
 		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))

@@ -165,21 +165,42 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 		next := row.Clone()
 		switched := false
 		var failures []string
+		// A pod's tiers switch together: a tier whose new version is
+		// whole waits while another's is still being written (not
+		// failed), so that no packet meets one tier's new policy with
+		// the other's old one.
+		var whole [len(tiers)]bool
+		var failure [len(tiers)]string
+		writing := false
 		for i, tier := range tiers {
 			tv := &next.Tiers[i]
-			if !initialized[i] || tv.Want == tv.Active {
+			switch {
+			case !initialized[i]:
 				tv.Failed = ""
+			case tv.Want == tv.Active:
+				s.edited(txn, tier, pod, tv)
+				if tv.Failed != "" {
+					failures = append(failures, fmt.Sprintf("%s version %s not edited whole, %s: %s", tierNames[i],
+						versionText(tv.Active), "the pod is between the policy before and after the edit", tv.Failed))
+				}
+			default:
+				whole[i], failure[i] = s.whole(txn, tier, pod, tv.Want, tv.Rows)
+				writing = writing || !whole[i] && failure[i] == ""
+			}
+		}
+		for i := range tiers {
+			tv := &next.Tiers[i]
+			if !initialized[i] || tv.Want == tv.Active {
 				continue
 			}
-			whole, failure := s.whole(txn, tier, pod, *tv)
 			switch {
-			case whole:
+			case whole[i] && !writing:
 				tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
 				switched = true
-			case failure != "":
-				tv.Failed = failure
+			case failure[i] != "":
+				tv.Failed = failure[i]
 				failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
-					versionText(tv.Want), keeps(tv.Active), failure))
+					versionText(tv.Want), keeps(tv.Active), failure[i]))
 				if tv.Active == policybpf.PolicyVersionNone {
 					tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
 					switched = true
@@ -200,15 +221,16 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 	}
 }
 
-// whole says whether a tier's newest version of a pod is in the kernel
-// whole, or else why it cannot be (a row the kernel refused), if so.
-func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, tv TierVersions) (bool, string) {
-	if tv.Want == policybpf.PolicyVersionNone {
+// whole says whether a tier's version v of a pod is in the kernel whole
+// (its rows, every one Done), or else why it cannot be (a row the kernel
+// refused), if so.
+func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, v uint32, rows int) (bool, string) {
+	if v == policybpf.PolicyVersionNone {
 		return true, ""
 	}
 	done, failure := 0, ""
 	for r := range s.rows(txn, tier, pod) {
-		if r.version != tv.Want {
+		if r.version != v {
 			continue
 		}
 		switch r.status.Kind {
@@ -220,7 +242,22 @@ func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, po
 			}
 		}
 	}
-	return done == tv.Rows, failure
+	return done == rows, failure
+}
+
+// edited clears a tier's Editing once the edit of the version in force is
+// whole in the kernel (edit.go); while a row of it fails, Failed says why.
+func (s *versionSwitch) edited(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, tv *TierVersions) {
+	if !tv.Editing {
+		tv.Failed = ""
+		return
+	}
+	whole, failure := s.whole(txn, tier, pod, tv.Active, tv.Rows)
+	tv.Editing = !whole
+	tv.Failed = failure
+	if whole {
+		tv.Failed = ""
+	}
 }
 
 func keeps(active uint32) string {
@@ -252,7 +289,7 @@ func (s *versionSwitch) objects(txn statedb.ReadTxn, pod netip.Addr) string {
 // reasons, while a version cannot come into force.
 func (s *versionSwitch) report(health cell.Health) {
 	if len(s.failed) == 0 {
-		health.OK("Every pod's newest policy version in force or being written")
+		health.OK("Every pod's newest policy in force or being written")
 		return
 	}
 	msgs := make([]string, 0, len(s.failed))
@@ -260,6 +297,6 @@ func (s *versionSwitch) report(health cell.Health) {
 		msgs = append(msgs, m)
 	}
 	slices.SortFunc(msgs, cmp.Compare)
-	health.Degraded(fmt.Sprintf("%d pods' new policy versions cannot be written whole", len(msgs)),
+	health.Degraded(fmt.Sprintf("%d pods' policy changes cannot be written whole", len(msgs)),
 		errors.New(strings.Join(msgs[:min(len(msgs), 3)], "; ")))
 }

@@ -114,9 +114,9 @@ func (w *podWrite[K]) rows() int { return len(w.stale) + len(w.fresh) }
 // read in the snapshot, not in the write transaction: iterating a table in
 // a write transaction freezes its tree, so that every later insert copies
 // each node on its path (for 50,000 pods, 170 MB of copied 256-way nodes).
-func diffPod[K entryKind](before statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr, tv TierVersions, done bool,
+func diffPod[K entryKind](before statedb.ReadTxn, table statedb.Table[*MapEntry[K]], pod netip.Addr, tv TierVersions, done, edit bool,
 	desired []*MapEntry[K], alloc func() uint32) (*podWrite[K], TierVersions, bool) {
-	fresh, stale, next, changed := versionDiff(podRows(before, table, pod), tv, done, desired, alloc)
+	fresh, stale, next, changed := versionDiff(podRows(before, table, pod), tv, done, edit, desired, alloc)
 	return &podWrite[K]{pod: pod, stale: stale, fresh: fresh}, next, changed
 }
 

@@ -248,12 +248,14 @@ type versionedRow[E any] interface {
 // versionDiff compares a pod's desired entries (at no version) with the
 // rows of its newest version (tv.Want; rows are the pod's rows of the
 // tier; done: the pod's versions row is Done, the kernel has tv.Active in
-// force and no longer tv.Prev). Unchanged, it returns no fresh rows. Changed,
-// the desired entries are written whole under a new version (alloc). Either
-// way the pod's rows of versions neither in force nor newest go (an older
-// Want that never came into force; with done, the version the last switch
-// replaced), and next is the tier's versions after it.
-func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool, desired []E, alloc func() uint32) (fresh, stale []E, next TierVersions, changed bool) {
+// force and no longer tv.Prev). Unchanged, it returns no fresh rows.
+// Changed, the version in force is edited in place if edit (canEdit) and
+// the edit is safe (editInPlace), and otherwise the desired entries are
+// written whole under a new version (alloc). Either way the pod's rows of
+// versions neither in force nor newest go (an older Want that never came
+// into force; with done, the version the last switch replaced), and next
+// is the tier's versions after it.
+func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edit bool, desired []E, alloc func() uint32) (fresh, stale []E, next TierVersions, changed bool) {
 	inForce := func(v uint32) bool { return v == tv.Active || !done && v == tv.Prev }
 	current := map[PolicyEntryKey]E{}
 	for r := range rows {
@@ -281,12 +283,18 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done bool
 	if same {
 		return nil, stale, next, len(stale) > 0 || next != tv
 	}
+	if edit && len(desired) > 0 {
+		if f, s, ok := editInPlace(current, desired, tv.Active); ok {
+			next.Rows, next.Editing = len(desired), true
+			return f, append(stale, s...), next, true
+		}
+	}
 	if !inForce(tv.Want) {
 		for _, r := range current {
 			stale = append(stale, r)
 		}
 	}
-	next.Want, next.Rows, next.Failed = policybpf.PolicyVersionNone, 0, ""
+	next.Want, next.Rows, next.Failed, next.Editing = policybpf.PolicyVersionNone, 0, "", false
 	if len(desired) > 0 {
 		next.Want, next.Rows = alloc(), len(desired)
 		fresh = make([]E, len(desired))
@@ -371,6 +379,22 @@ func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Ad
 	}
 	k := row.Status.Kind
 	return row.Tiers[tier], k == reconciler.StatusKindDone || k == reconciler.StatusKindRefreshing
+}
+
+// othersQuiet says whether a pod's tiers other than tier have no version
+// on the way (Want is Active): an edit of tier in place then meets them
+// as they are (edit.go).
+func othersQuiet(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier policybpf.PolicyTier) bool {
+	row, _, ok := table.Get(txn, PodVersionsIndex.Query(pod))
+	if !ok {
+		return true
+	}
+	for i, t := range row.Tiers {
+		if policybpf.PolicyTier(i) != tier && t.Want != t.Active {
+			return false
+		}
+	}
+	return true
 }
 
 // openVersionsMap is the spec of the versions map, for the start hook.

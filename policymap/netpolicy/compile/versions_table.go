@@ -36,8 +36,15 @@ type TierVersions struct {
 	// once all of them are Done.
 	Want uint32
 	Rows int
+	// Editing says that Active is being edited in place (edit.go): the
+	// deriver changed some of its entries (Rows in all), and not all of
+	// them are in the kernel yet. Every state on the way is within the
+	// policy before and after the edit; the switch clears it once every
+	// row of Active is Done.
+	Editing bool `json:",omitempty"`
 	// Failed is why Want cannot come into force (an entry the kernel
-	// refuses), while it cannot.
+	// refuses), or why an edit of Active cannot be written whole, while
+	// it cannot.
 	Failed string
 	// Names is the revision of policy-fqdn that Want was compiled from,
 	// for a pod with name rules of the tier (names.go): once Active is
@@ -48,8 +55,11 @@ type TierVersions struct {
 
 func (t TierVersions) text() string {
 	s := versionText(t.Active)
-	if t.Want != t.Active {
+	switch {
+	case t.Want != t.Active:
 		s += " (" + versionText(t.Want) + " pending)"
+	case t.Editing:
+		s += " (editing)"
 	}
 	return s
 }
@@ -92,7 +102,7 @@ func (v *PodVersions) SetStatus(s reconciler.Status) *PodVersions {
 // version in force, no older one left.
 func (v *PodVersions) settled() bool {
 	for _, t := range v.Tiers {
-		if t.Want != t.Active || t.Prev != 0 {
+		if t.Want != t.Active || t.Prev != 0 || t.Editing {
 			return false
 		}
 	}

@@ -26,7 +26,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 	before := d.db.ReadTxn()
 	d.unions.reset()
 	chunk := d.flow.chunkRows()
-	d.queue.round++
+	d.queue.next()
 	entries := 0
 	var last *MapEntry[K]
 	for entries < chunk && written < chunk {
@@ -44,7 +44,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			}
 			w = &podWrite[K]{pod: pod, stale: stale}
 		} else if w == nil {
-			desired, names, ok := d.desired(ctx, wtxn, pod)
+			desired, names, named, ok := d.desired(ctx, wtxn, pod)
 			if !ok {
 				continue // compiling in the background
 			}
@@ -53,8 +53,9 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			d.noteBad(pod, desired)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
 			d.pruneRestored(before, pod, tv, done)
+			edit := canEdit(tv, done, othersQuiet(wtxn, d.versions, pod, k.tier()), named)
 			var next TierVersions
-			w, next, _ = diffPod(before, d.entries, pod, tv, done, desired, d.alloc)
+			w, next, _ = diffPod(before, d.entries, pod, tv, done, edit, desired, d.alloc)
 			next.Names = max(next.Names, names)
 			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
@@ -108,32 +109,33 @@ func (d *deriver[T, K]) pruneRestored(before statedb.ReadTxn, pod netip.Addr, tv
 }
 
 // desired compiles a pod's entries, and returns the revision of
-// policy-fqdn they were compiled from if its objects have name rules;
-// false while its selection compiles in the background (the pod waits for
-// it).
-func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) ([]*MapEntry[K], statedb.Revision, bool) {
+// policy-fqdn they were compiled from and true if its objects have name
+// rules; false while its selection compiles in the background (the pod
+// waits for it).
+func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) (_ []*MapEntry[K], names statedb.Revision, named, ok bool) {
 	var k K
 	var desired []*MapEntry[K]
 	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
-		return nil, 0, true
+		return nil, 0, false, true
 	}
 	listing := statedb.Collect(d.endpoints.List(wtxn, k.podIndex().Query(pod)))
 	sel, ok := selectionOf(pod, d.unions.of(wtxn, listing), listing, d.hostsOf(pod))
 	if !ok {
-		return nil, 0, true
+		return nil, 0, false, true
 	}
-	sel, names := d.named(wtxn, pod, sel, listing)
+	sel, names = d.named(wtxn, pod, sel, listing)
+	named = sel.named != nil
 	key := sel.key()
 	c, ok := d.templates[key]
 	ts := c.templates
 	if !ok {
 		if bc := d.compiling[key]; bc != nil {
 			bc.waiting[pod] = struct{}{}
-			return nil, 0, false
+			return nil, 0, false, false
 		}
 		if k.weight(sel) > backgroundWeight {
 			d.compileInBackground(ctx, key, sel, pod)
-			return nil, 0, false
+			return nil, 0, false, false
 		}
 		ts = k.compile(sel)
 		d.templates[key] = compiled[T]{sel: sel, templates: ts}
@@ -141,7 +143,7 @@ func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 	for _, t := range ts {
 		desired = stamp(t, desired, pod)
 	}
-	return desired, names, true
+	return desired, names, named, true
 }
 
 // hostsOf returns the function that finds pod's entry in an object.
