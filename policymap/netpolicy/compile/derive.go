@@ -105,6 +105,9 @@ type deriver[T policyRow[T], K kind[T]] struct {
 	// health).
 	bad map[netip.Addr][]*MapEntry[K]
 
+	// adoption counts what was taken over of an earlier run's versions.
+	adoption adoptionCounts
+
 	// prune asks the kind's reconciler for a prune of its maps (nil in
 	// tests without one): the keys of a version restored from an earlier
 	// run have no row (pruneRestored).
@@ -265,6 +268,11 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 					d.initDone = nil
 					n := d.entries.NumObjects(wtxn)
 					d.log.Info("Policy map entries initialized", "entries", n)
+					if a := d.adoption; a.pods > 0 || a.renewed > 0 {
+						// A restart: what the kernel held, taken over.
+						d.log.Info("Policy versions of the earlier run taken over", "table", k.tableName(), "pods", a.pods,
+							"entries-kept", a.rows, "entries-written", a.written, "keys-pruned", a.extra, "pods-with-new-versions", a.renewed)
+					}
 					health.OK(fmt.Sprintf("Initialized: %d entries", n))
 				} else {
 					initWatch = ch

@@ -128,15 +128,25 @@ func TestARowKeepsItsTemplateBlockNotTheTemplate(t *testing.T) {
 		runtime.ReadMemStats(&m)
 		return m.HeapAlloc
 	}
-	before := heap()
-	rows := CompilePod(pe.Pods[0].PodIP, []*endpoints.PolicyEndpoint{pe})
-	n := len(rows)
-	kept := rows[n/2].Clone() // as the table keeps a Done row
-	rows = nil
-	retained := int64(heap()) - int64(before)
+	// The heap is the process's: work another test left running may
+	// allocate meanwhile, so the row fails only if it keeps the template
+	// alive in each of three tries.
+	var retained int64
+	n := 0
+	for range 3 {
+		before := heap()
+		rows := CompilePod(pe.Pods[0].PodIP, []*endpoints.PolicyEndpoint{pe})
+		n = len(rows)
+		kept := rows[n/2].Clone() // as the table keeps a Done row
+		rows = nil
+		retained = int64(heap()) - int64(before)
+		runtime.KeepAlive(kept)
+		if retained <= 256<<10 {
+			break
+		}
+	}
 	if retained > 256<<10 {
 		t.Errorf("one row of %d keeps %d KB alive", n, retained>>10)
 	}
-	runtime.KeepAlive(kept)
 	runtime.KeepAlive(pe)
 }

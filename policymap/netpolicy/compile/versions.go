@@ -60,6 +60,14 @@ type policyVersions struct {
 	// (restore): no number is handed out before.
 	ready    chan struct{}
 	restored map[netip.Addr][2]uint32
+	// adoptable are their entries in the kernel, taken once per pod and
+	// tier by the derivers (adopt.go).
+	adoptable adoptable
+
+	// table is policy-versions (set at registration): the prune keeps a
+	// version's keys only while the run has not taken it over.
+	db    *statedb.DB
+	table statedb.Table[*PodVersions]
 }
 
 func newPolicyVersions(p policymap.MapsParams) *policyVersions {
@@ -136,6 +144,27 @@ func (v *policyVersions) restore() error {
 	return nil
 }
 
+// setAdoptable keeps the kernel's entries of the restored versions.
+func (v *policyVersions) setAdoptable(a adoptable) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.adoptable = a
+}
+
+// takeAdoptable returns the kernel's entries of a pod's tier at its
+// restored version, once; nil if none were read.
+func (v *policyVersions) takeAdoptable(tier policybpf.PolicyTier, pod netip.Addr) map[PolicyEntryKey]string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	tp := tierPod{tier, pod}
+	a := v.adoptable[tp]
+	delete(v.adoptable, tp)
+	if len(v.adoptable) == 0 {
+		v.adoptable = nil // a map does not shrink
+	}
+	return a
+}
+
 // markReady lets the derivers hand out numbers: the restored versions are
 // in policy-versions.
 func (v *policyVersions) markReady() { close(v.ready) }
@@ -184,12 +213,25 @@ func (v *policyVersions) lookup(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, boo
 
 // keep is the prune's KeepFunc for the maps of a tier: it keeps the keys
 // of the version the kernel has in force for their pod (and the chunks
-// of their values), which no row may hold after a restart.
+// of their values), which no row may hold after a restart, until this run
+// takes the version over (adopt.go: its rows are then the version's
+// keys, and the kernel's keys no row holds go).
 func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[string]bpf.PinnedMap) bpf.KeepFunc {
 	return func() func(string, []byte) bool {
 		versions := v.versionsMap()
 		if versions == nil {
 			return func(string, []byte) bool { return false }
+		}
+		var txn statedb.ReadTxn
+		if v.db != nil {
+			txn = v.db.ReadTxn()
+		}
+		takenOver := func(pod netip.Addr, version uint32) bool {
+			if txn == nil {
+				return false
+			}
+			row, _, ok := v.table.Get(txn, PodVersionsIndex.Query(pod))
+			return ok && row.Tiers[tier].Want == version
 		}
 		open := kernel()
 		lists := map[string]bool{} // chunk list ids of kept values
@@ -218,7 +260,7 @@ func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[strin
 				unknown = true
 				return true // stopping: nothing is pruned on what is not known
 			}
-			if !ok || vs[tier] != version {
+			if !ok || vs[tier] != version || takenOver(pod, version) {
 				return false
 			}
 			if m := open[name]; m != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/policybpf"
 	"github.com/enimasq/enimasq/policymap"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
@@ -54,8 +55,20 @@ func registerVersions(p versionsParams) error {
 				c.Log.Warn("Cannot read the policy versions in force", "error", err)
 			}
 			// The versions in force go into the table before any deriver
-			// writes a pod's row (they wait for ready).
+			// writes a pod's row (they wait for ready), their keys are
+			// read for the derivers to take over (adopt.go).
 			restored := p.State.takeRestored()
+			if len(restored) > 0 {
+				kernel := [len(tiers)]map[string]bpf.PinnedMap{p.PolicyOps.Opened(), p.ClusterOps.Opened()}
+				names := [len(tiers)][]string{policybpf.PolicyMapNames, policybpf.ClusterMapNames}
+				a, n, err := readAdoptable(restored, kernel, names)
+				if err != nil {
+					// Without them, every restored pod gets a new version.
+					c.Log.Warn("Cannot read the policy maps an earlier run left: every pod's policy is written anew", "error", err)
+				}
+				p.State.setAdoptable(a)
+				c.Log.Info("Policy map entries in force read for adoption", "pods", len(restored), "entries", n)
+			}
 			wtxn := c.DB.WriteTxn(p.Versions)
 			for pod, vs := range restored {
 				row := &PodVersions{Pod: pod, Status: reconciler.StatusDone()}
@@ -77,6 +90,7 @@ func registerVersions(p versionsParams) error {
 			return nil
 		},
 	})
+	p.State.db, p.State.table = c.DB, p.Versions
 	p.PolicyOps.SetKeep(p.State.keep(policybpf.TierNetworkPolicy, p.PolicyOps.Opened))
 	p.ClusterOps.SetKeep(p.State.keep(policybpf.TierCluster, p.ClusterOps.Opened))
 	s := &versionSwitch{log: c.Log, db: c.DB, versions: p.Versions, policy: p.Policy, cluster: p.Cluster,

@@ -53,9 +53,11 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			d.noteBad(pod, desired)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
 			d.pruneRestored(before, pod, tv, done)
-			edit := canEdit(tv, done, othersQuiet(wtxn, d.versions, pod, k.tier()), named)
+			quiet := othersQuiet(wtxn, d.versions, pod, k.tier())
 			var next TierVersions
-			w, next, _ = diffPod(before, d.entries, pod, tv, done, edit, desired, d.alloc)
+			if w, next, ok = d.adopt(pod, tv, done, quiet && !named, desired); !ok {
+				w, next, _ = diffPod(before, d.entries, pod, tv, done, canEdit(tv, done, quiet, named), desired, d.alloc)
+			}
 			next.Names = max(next.Names, names)
 			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
@@ -95,6 +97,42 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 		mark = reconcileMark{key: last.Key(), rows: written}
 	}
 	return pods, written, mark
+}
+
+// adopt takes over what the kernel holds of a pod's tier at the version an
+// earlier run left in force (adopt.go), if it was read and the difference
+// may be written in place (edit); false: the pod gets a new version.
+func (d *deriver[T, K]) adopt(pod netip.Addr, tv TierVersions, done, edit bool, desired []*MapEntry[K]) (*podWrite[K], TierVersions, bool) {
+	var k K
+	if !restored(tv, done) || len(desired) == 0 {
+		return nil, tv, false
+	}
+	kernel := d.state.takeAdoptable(k.tier(), pod)
+	if kernel == nil {
+		return nil, tv, false
+	}
+	rows, extra, ok := adopt(kernel, desired, tv.Active, edit)
+	if !ok {
+		d.adoption.renewed++
+		return nil, tv, false
+	}
+	taken := adopted(rows)
+	d.adoption.pods++
+	d.adoption.rows += taken
+	d.adoption.written += len(rows) - taken
+	d.adoption.extra += extra
+	if extra > 0 && d.prune != nil {
+		d.prune.request() // the keys no row holds
+	}
+	next := tv
+	next.Want, next.Rows, next.Editing = tv.Active, len(rows), taken < len(rows)
+	return &podWrite[K]{pod: pod, fresh: rows}, next, true
+}
+
+// adoptionCounts are the restored pods' tiers the deriver took over
+// (adopt.go), for the log line at initialization.
+type adoptionCounts struct {
+	pods, rows, written, extra, renewed int
 }
 
 // pruneRestored asks for a prune of the kind's maps when a pod's tier has

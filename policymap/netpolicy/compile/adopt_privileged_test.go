@@ -1,0 +1,96 @@
+package compile
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/enimasq/enimasq/bpf/policybpf"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
+)
+
+// countOps interposes a counter on every map of the harness and returns
+// the sum of their element operations.
+func (h *policyHarness) countOps() func() int64 {
+	var counters []*countingMap
+	for name, m := range h.kernelMaps() {
+		c := &countingMap{Map: m}
+		counters = append(counters, c)
+		h.ops.Interpose(name, c)
+	}
+	return func() int64 {
+		var n int64
+		for _, c := range counters {
+			n += c.ops.Load()
+		}
+		return n
+	}
+}
+
+// versionOf is a pod's NetworkPolicy version in force.
+func (h *policyHarness) versionOf(pod netip.Addr) uint32 {
+	row, _, ok := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+	if !ok {
+		return 0
+	}
+	return row.Tiers[policybpf.TierNetworkPolicy].Active
+}
+
+// TestPrivilegedPolicyRestartAdopts: an agent that restarts with the same
+// objects takes over what the kernel holds (adopt.go): no map operation,
+// every pod at the version the earlier run left. With one peer replaced in
+// an object while it was down, it writes that change alone, in place (one
+// key in, one out); with an except moved under a cidr (nested keys), that
+// pod gets a new version.
+func TestPrivilegedPolicyRestartAdopts(t *testing.T) {
+	spec := func(pod, egress string) string {
+		return "  podIsolation: [Egress, Ingress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: " + pod + "}]\n" +
+			"  ingress:\n  - cidr: 10.3.0.0/16\n  egress:\n" + egress
+	}
+	objects := func(peer, except string) []*endpoints.PolicyEndpoint {
+		return mustParse(t,
+			pe("a", spec("10.0.0.5", "  - {cidr: "+peer+", ports: [{port: 80}]}\n  - {cidr: 10.1.0.9/32, ports: [{port: 80}]}\n")),
+			pe("b", spec("10.0.0.6", "  - {cidr: 10.2.0.0/16, except: ["+except+"]}\n")))
+	}
+	a, b := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6")
+	compiled := func(pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
+		return append(CompilePod(a, pes[:1]), CompilePod(b, pes[1:])...)
+	}
+	args := []string{"--bpf-map-refresh-interval=1h"}
+	first := startPolicyHarness(t, harnessOptions{args: args})
+	before := objects("10.1.0.7/32", "10.2.3.0/24")
+	first.setEndpoints(before)
+	first.waitConverged(compiled(before))
+	va, vb := first.versionOf(a), first.versionOf(b)
+	first.stop()
+
+	// The same objects: nothing written.
+	h := startPolicyHarness(t, harnessOptions{node: first.node, args: args})
+	ops := h.countOps()
+	h.setEndpoints(before)
+	h.waitConverged(compiled(before))
+	if n := ops(); n != 0 {
+		t.Errorf("a restart with the same objects made %d map operations, want 0", n)
+	}
+	if h.versionOf(a) != va || h.versionOf(b) != vb {
+		t.Errorf("versions %d, %d after the restart, want the earlier run's %d, %d", h.versionOf(a), h.versionOf(b), va, vb)
+	}
+	h.stop()
+
+	// A peer replaced in a's object: that key out, the new one in, in
+	// place; b's except moved from /24 to /25: a new version for b.
+	h = startPolicyHarness(t, harnessOptions{node: first.node, args: args})
+	ops = h.countOps()
+	after := objects("10.1.0.8/32", "10.2.3.0/25")
+	h.setEndpoints(after)
+	h.waitConverged(compiled(after))
+	if h.versionOf(a) != va {
+		t.Errorf("pod a at version %d after a peer was replaced, want %d (edited in place)", h.versionOf(a), va)
+	}
+	if h.versionOf(b) == vb {
+		t.Errorf("pod b kept version %d after its except moved (nested keys: a new version)", vb)
+	}
+	bEntries := int64(len(CompilePod(b, before[1:])) + len(CompilePod(b, after[1:])))
+	if n := ops(); n != 2+bEntries {
+		t.Errorf("%d map operations, want 2 for a's peer and %d for b's new version and its old one's deletion", n, bEntries)
+	}
+}
