@@ -2,9 +2,13 @@ package compile
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/enimasq/enimasq/bpf"
 	"github.com/enimasq/enimasq/bpf/policybpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -92,5 +96,61 @@ func TestPrivilegedPolicyRestartAdopts(t *testing.T) {
 	bEntries := int64(len(CompilePod(b, before[1:])) + len(CompilePod(b, after[1:])))
 	if n := ops(); n != 2+bEntries {
 		t.Errorf("%d map operations, want 2 for a's peer and %d for b's new version and its old one's deletion", n, bEntries)
+	}
+}
+
+// TestPrivilegedPolicyRevertCostsNothing: a pod's new version cannot be
+// written (a key the kernel refuses); its object goes back to what is in
+// force. The version on the way goes and nothing is written: the pod stays
+// at its version, whose rows are as they were, and the only map
+// operations are the deletions of the abandoned version's keys.
+func TestPrivilegedPolicyRevertCostsNothing(t *testing.T) {
+	spec := func(egress string) string {
+		return "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.0.1, podIP: 10.0.0.5}]\n  egress:\n" + egress
+	}
+	pod := netip.MustParseAddr("10.0.0.5")
+	before := mustParse(t, pe("a", spec("  - {cidr: 10.2.0.7/32, ports: [{port: 80}]}\n")))
+	// Nested keys: a new version, whose 10.2.0.0/24 key is refused.
+	after := mustParse(t, pe("a", spec("  - {cidr: 10.2.0.0/24, except: [10.2.0.7/32], ports: [{port: 80}]}\n")))
+	h := startPolicyHarness(t, harnessOptions{})
+	h.setEndpoints(before)
+	h.waitConverged(CompilePod(pod, before))
+	v := h.versionOf(pod)
+
+	failing := netip.MustParsePrefix("10.2.0.0/24")
+	h.ops.Faults().SetFaultFunc(func(_ string, key []byte) error {
+		if _, _, peer, err := bpf.UnmarshalPolicyKeyVersion(bpf.IPv4, key); err == nil && peer == failing {
+			return errTest
+		}
+		return nil
+	})
+	h.setEndpoints(after)
+	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
+		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+		if !ok {
+			return false, watch, "no versions row"
+		}
+		tv := row.Tiers[policybpf.TierNetworkPolicy]
+		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
+	})
+	pending := 0
+	for e := range h.entries.Prefix(h.db.ReadTxn(), PodEntries(pod)) {
+		if e.Version != v {
+			pending++
+		}
+	}
+
+	ops := h.countOps()
+	h.setEndpoints(before)
+	h.waitConverged(CompilePod(pod, before))
+	if got := h.versionOf(pod); got != v {
+		t.Errorf("back to the policy in force: version %d, want %d", got, v)
+	}
+	if n := ops(); n > int64(pending) {
+		t.Errorf("%d map operations to go back, want at most the %d deletions of the abandoned version", n, pending)
+	}
+	row, _, _ := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+	if tv := row.Tiers[policybpf.TierNetworkPolicy]; tv.Want != v || tv.Failed != "" {
+		t.Errorf("versions row %s, want version %d alone, no failure", strings.Join(row.TableRow(), " "), v)
 	}
 }

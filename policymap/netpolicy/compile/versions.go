@@ -300,12 +300,19 @@ type versionedRow[E any] interface {
 func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edit bool, desired []E, alloc func() uint32) (fresh, stale []E, next TierVersions, changed bool) {
 	inForce := func(v uint32) bool { return v == tv.Active || !done && v == tv.Prev }
 	current := map[PolicyEntryKey]E{}
+	var active map[PolicyEntryKey]E // the rows in force, while a newer version is on the way
+	if tv.Active != tv.Want {
+		active = map[PolicyEntryKey]E{}
+	}
 	for r := range rows {
 		k := r.Key()
 		switch {
 		case k.Version == tv.Want && tv.Want != policybpf.PolicyVersionNone:
 			k.Version = 0
 			current[k] = r
+		case active != nil && k.Version == tv.Active:
+			k.Version = 0
+			active[k] = r
 		case !inForce(k.Version):
 			stale = append(stale, r)
 		}
@@ -314,16 +321,17 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edi
 	if done {
 		next.Prev = policybpf.PolicyVersionNone
 	}
-	same := len(current) == len(desired)
-	for _, d := range desired {
-		if !same {
-			break
-		}
-		r, ok := current[d.Key()]
-		same = ok && r.sameDesired(d)
-	}
-	if same {
+	if same(current, desired) {
 		return nil, stale, next, len(stale) > 0 || next != tv
+	}
+	if len(desired) > 0 && same(active, desired) {
+		// Back to the policy in force: the version on the way goes, and
+		// nothing is written (it may be one that does not fit).
+		for _, r := range current {
+			stale = append(stale, r)
+		}
+		next.Want, next.Rows, next.Failed, next.Editing = tv.Active, len(desired), "", false
+		return nil, stale, next, true
 	}
 	if edit && len(desired) > 0 {
 		if f, s, ok := editInPlace(current, desired, tv.Active); ok {
@@ -345,6 +353,19 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edi
 		}
 	}
 	return fresh, stale, next, true
+}
+
+// same says whether rows (by key at version 0) are the desired entries.
+func same[E versionedRow[E]](rows map[PolicyEntryKey]E, desired []E) bool {
+	if len(rows) != len(desired) {
+		return false
+	}
+	for _, d := range desired {
+		if r, ok := rows[d.Key()]; !ok || !r.sameDesired(d) {
+			return false
+		}
+	}
+	return true
 }
 
 // cleanup returns a pod's rows of versions neither in force nor newest
