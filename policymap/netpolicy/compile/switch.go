@@ -163,50 +163,18 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 			continue // the kernel may hold either version: wait
 		}
 		next := row.Clone()
-		switched := false
-		var failures []string
-		// A pod's tiers switch together: a tier whose new version is
-		// whole waits while another's is still being written (not
-		// failed), so that no packet meets one tier's new policy with
-		// the other's old one.
-		var whole [len(tiers)]bool
-		var failure [len(tiers)]string
-		writing := false
+		var written [len(tiers)]written
 		for i, tier := range tiers {
-			tv := &next.Tiers[i]
+			tv := next.Tiers[i]
 			switch {
 			case !initialized[i]:
-				tv.Failed = ""
-			case tv.Want == tv.Active:
-				s.edited(txn, tier, pod, tv)
-				if tv.Failed != "" {
-					failures = append(failures, fmt.Sprintf("%s version %s not edited whole, %s: %s", tierNames[i],
-						versionText(tv.Active), "the pod is between the policy before and after the edit", tv.Failed))
-				}
-			default:
-				whole[i], failure[i] = s.whole(txn, tier, pod, tv.Want, tv.Rows)
-				writing = writing || !whole[i] && failure[i] == ""
+			case tv.Want != tv.Active:
+				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Want, tv.Rows)
+			case tv.Editing:
+				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Active, tv.Rows)
 			}
 		}
-		for i := range tiers {
-			tv := &next.Tiers[i]
-			if !initialized[i] || tv.Want == tv.Active {
-				continue
-			}
-			switch {
-			case whole[i] && !writing:
-				tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
-				switched = true
-			case failure[i] != "":
-				tv.Failed = failure[i]
-				failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
-					versionText(tv.Want), keeps(tv.Active), failure[i]))
-				if tv.Active == policybpf.PolicyVersionNone {
-					tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
-					switched = true
-				}
-			}
-		}
+		switched, failures := switchTiers(&next.Tiers, initialized, written)
 		if len(failures) > 0 {
 			s.failed[pod] = fmt.Sprintf("pod %s (%s): %s", pod, s.objects(txn, pod), strings.Join(failures, "; "))
 		} else {
@@ -245,19 +213,59 @@ func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, po
 	return done == rows, failure
 }
 
-// edited clears a tier's Editing once the edit of the version in force is
-// whole in the kernel (edit.go); while a row of it fails, Failed says why.
-func (s *versionSwitch) edited(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, tv *TierVersions) {
-	if !tv.Editing {
-		tv.Failed = ""
-		return
+// written is how far a tier's version on the way (or its edit in place)
+// is in the kernel: whole (every row Done), or why it cannot be (a row the
+// kernel refused).
+type written struct {
+	whole   bool
+	failure string
+}
+
+// switchTiers brings a pod's new versions into force (tvs, its tiers'
+// versions, as the switch found them written) and returns whether the
+// kernel's entry changes, and why versions cannot come into force.
+//
+// A pod's tiers switch together: a tier whose new version is whole waits
+// while another's new version or edit is still being written (not
+// failed), so that no packet meets one tier's new policy with the other's
+// old one. A version that
+// fails never comes into force: the pod keeps the one it has or, with
+// none, is closed. An edit in place (edit.go) is done once whole; while a
+// row of it fails, the tier says why.
+func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w [len(tiers)]written) (switched bool, failures []string) {
+	writing := false
+	for i := range tiers {
+		tv := tvs[i]
+		onTheWay := tv.Want != tv.Active || tv.Editing
+		writing = writing || initialized[i] && onTheWay && !w[i].whole && w[i].failure == ""
 	}
-	whole, failure := s.whole(txn, tier, pod, tv.Active, tv.Rows)
-	tv.Editing = !whole
-	tv.Failed = failure
-	if whole {
-		tv.Failed = ""
+	for i := range tiers {
+		tv := &tvs[i]
+		switch {
+		case !initialized[i]:
+			tv.Failed = ""
+		case tv.Want == tv.Active:
+			tv.Editing = tv.Editing && !w[i].whole
+			tv.Failed = ""
+			if tv.Editing && w[i].failure != "" {
+				tv.Failed = w[i].failure
+				failures = append(failures, fmt.Sprintf("%s version %s not edited whole, the pod is between the policy before and after the edit: %s",
+					tierNames[i], versionText(tv.Active), tv.Failed))
+			}
+		case w[i].whole && !writing:
+			tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
+			switched = true
+		case w[i].failure != "":
+			tv.Failed = w[i].failure
+			failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
+				versionText(tv.Want), keeps(tv.Active), w[i].failure))
+			if tv.Active == policybpf.PolicyVersionNone {
+				tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
+				switched = true
+			}
+		}
 	}
+	return switched, failures
 }
 
 func keeps(active uint32) string {

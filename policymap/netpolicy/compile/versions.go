@@ -445,15 +445,15 @@ func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Ad
 }
 
 // othersQuiet says whether a pod's tiers other than tier have no version
-// on the way (Want is Active): an edit of tier in place then meets them
-// as they are (edit.go).
+// or edit on the way (Want is Active, not Editing): an edit of tier in
+// place then meets them as they are (edit.go).
 func othersQuiet(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier policybpf.PolicyTier) bool {
 	row, _, ok := table.Get(txn, PodVersionsIndex.Query(pod))
 	if !ok {
 		return true
 	}
 	for i, t := range row.Tiers {
-		if policybpf.PolicyTier(i) != tier && t.Want != t.Active {
+		if policybpf.PolicyTier(i) != tier && (t.Want != t.Active || t.Editing) {
 			return false
 		}
 	}
