@@ -3,9 +3,12 @@ package compile
 import (
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/enimasq/enimasq/cells/nodeconfig"
 )
 
 func TestNested(t *testing.T) {
@@ -36,8 +39,8 @@ func TestNested(t *testing.T) {
 
 // editRows is a pod's rows of a compilation at version 1, by key at
 // version 0 (as versionDiff holds them), with a status.
-func editRows(entries []*PolicyMapEntry, status reconciler.Status) map[PolicyEntryKey]*PolicyMapEntry {
-	out := map[PolicyEntryKey]*PolicyMapEntry{}
+func editRows[K entryKind](entries []*MapEntry[K], status reconciler.Status) map[PolicyEntryKey]*MapEntry[K] {
+	out := map[PolicyEntryKey]*MapEntry[K]{}
 	for _, e := range entries {
 		r := e.atVersion(1)
 		r.Status = status
@@ -156,8 +159,8 @@ func mutate(rng *rand.Rand, s scenario) scenario {
 // applyEdit is the kernel's entries of a pod after the operations of an
 // edit that are in applied: from rows, the stale rows deleted and the
 // fresh ones written.
-func applyEdit(rows map[PolicyEntryKey]*PolicyMapEntry, fresh, stale []*PolicyMapEntry, applied func() bool) map[PolicyEntryKey]*PolicyMapEntry {
-	out := map[PolicyEntryKey]*PolicyMapEntry{}
+func applyEdit[K entryKind](rows map[PolicyEntryKey]*MapEntry[K], fresh, stale []*MapEntry[K], applied func() bool) map[PolicyEntryKey]*MapEntry[K] {
+	out := map[PolicyEntryKey]*MapEntry[K]{}
 	for k, r := range rows {
 		out[k] = r
 	}
@@ -178,8 +181,8 @@ func applyEdit(rows map[PolicyEntryKey]*PolicyMapEntry, fresh, stale []*PolicyMa
 	return out
 }
 
-func entriesOf(rows map[PolicyEntryKey]*PolicyMapEntry) []*PolicyMapEntry {
-	out := make([]*PolicyMapEntry, 0, len(rows))
+func entriesOf[K entryKind](rows map[PolicyEntryKey]*MapEntry[K]) []*MapEntry[K] {
+	out := make([]*MapEntry[K], 0, len(rows))
 	for _, r := range rows {
 		out = append(out, r)
 	}
@@ -352,4 +355,111 @@ func TestPodQueueOldestFirst(t *testing.T) {
 	if _, _, _, ok := q.pop(false); !ok {
 		t.Error("the large batch's rest is gone")
 	}
+}
+
+// mutateCluster returns a copy of s with one small change of a
+// ClusterPolicyEndpoint: a rule's cidr, action or ports changed, a rule
+// added or removed.
+func mutateCluster(rng *rand.Rand, s clusterScenario) clusterScenario {
+	c := s.clone()
+	if len(c.CPEs) == 0 {
+		return c
+	}
+	cpe := &c.CPEs[rng.IntN(len(c.CPEs))]
+	if cpe.StandIn {
+		return c
+	}
+	rules := &cpe.Egress
+	if rng.IntN(2) == 0 {
+		rules = &cpe.Ingress
+	}
+	v6 := rng.IntN(2) == 0
+	newRule := func() rawClusterRule {
+		return rawClusterRule{CIDR: genClusterPrefix(rng, v6).String(), Ports: genPorts(rng), Action: []string{"Accept", "Deny", "Pass"}[rng.IntN(3)]}
+	}
+	switch op := rng.IntN(5); {
+	case op == 0 || len(*rules) == 0:
+		*rules = append(*rules, newRule())
+	case op == 1:
+		i := rng.IntN(len(*rules))
+		*rules = append((*rules)[:i], (*rules)[i+1:]...)
+	case op == 2:
+		r := &(*rules)[rng.IntN(len(*rules))]
+		r.CIDR = genClusterPrefix(rng, netip.MustParsePrefix(r.CIDR).Addr().Is6()).String()
+	case op == 3:
+		r := &(*rules)[rng.IntN(len(*rules))]
+		r.Action = []string{"Accept", "Deny", "Pass"}[rng.IntN(3)]
+	default:
+		r := &(*rules)[rng.IntN(len(*rules))]
+		r.Ports = genPorts(rng)
+	}
+	return c
+}
+
+// TestClusterEditInPlaceIsWithinBothEnds: the same for the cluster tier,
+// the NetworkPolicy tier as it is (a tier is edited only while the other
+// is quiet): any part of an edit in place of a pod's cluster entries, with
+// its NetworkPolicy entries, never allows what both ends deny, in standard
+// and strict mode.
+func TestClusterEditInPlaceIsWithinBothEnds(t *testing.T) {
+	seed := propertySeed(t)
+	rng := rand.New(rand.NewPCG(seed, 46))
+	node := nodeconfig.Config{EnableIPv4: true, EnableIPv6: true}
+	scenarios := 600
+	if testing.Short() {
+		scenarios = 100
+	}
+	inPlace, checked := 0, 0
+	for i := range scenarios {
+		a := genClusterScenario(rng, true)
+		b := mutateCluster(rng, a)
+		np, ca := compileClusterScenario(t, a, node)
+		_, cb := compileClusterScenario(t, b, node)
+		var packets []packet
+		for _, s := range []clusterScenario{a, b} {
+			packets = append(packets, genClusterPackets(rng, s, true, 40)...)
+		}
+		for _, pod := range a.NP.podIPs() {
+			var before, after []*ClusterMapEntry
+			for _, e := range ca {
+				if e.Pod == pod {
+					before = append(before, e)
+				}
+			}
+			for _, e := range cb {
+				if e.Pod == pod {
+					after = append(after, e)
+				}
+			}
+			if len(before) == 0 || len(after) == 0 {
+				continue
+			}
+			rows := editRows(before, reconciler.StatusDone())
+			fresh, stale, ok := editInPlace(rows, after, 1)
+			if !ok {
+				continue
+			}
+			inPlace++
+			for range 6 {
+				kernel := entriesOf(applyEdit(rows, fresh, stale, func() bool { return rng.IntN(2) == 0 }))
+				for _, p := range packets {
+					if p.Pod != pod {
+						continue
+					}
+					for _, strict := range []bool{false, true} {
+						checked++
+						if evalClusterEntries(np, kernel, strict, p).Allow && !evalClusterEntries(np, before, strict, p).Allow &&
+							!evalClusterEntries(np, after, strict, p).Allow {
+							t.Fatalf("seed %d, scenario %d: packet %s (strict %t) allowed by a part of the edit, by neither end\nbefore:\n%s\nafter:\n%s",
+								seed, i, p, strict, strings.Join(clusterEntryLines(before), "\n"), strings.Join(clusterEntryLines(after), "\n"))
+						}
+					}
+				}
+			}
+		}
+	}
+	if inPlace < scenarios/10 {
+		t.Errorf("only %d edits in place in %d scenarios: the test checks too little", inPlace, scenarios)
+	}
+	t.Logf("%d edits in place, %d packets checked", inPlace, checked)
 }
