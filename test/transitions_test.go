@@ -46,9 +46,12 @@ func TestPrivilegedPolicyTransitionFullMap(t *testing.T) {
 	peA := policyEndpoint("a", podA, []string{"Egress"}, nil,
 		[]peRule{{cidr: "192.168.0.0/16", ports: []string{"TCP 443"}}, {cidr: "172.16.0.0/12", ports: []string{"TCP 443"}}})
 	v1 := policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{{cidr: "10.0.0.0/8", except: []string{"10.0.1.0/24"}}})
+	// The new except and a rule inside it: nested keys, so a new version
+	// (an except added alone is an edit in place of 1 key, which fits:
+	// compile's TestPrivilegedPolicyEditFitsWhereAVersionWouldNot).
 	v2 := policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{
 		{cidr: "10.0.0.0/8", except: []string{"10.0.1.0/24", "10.0.2.0/24"}},
-		{cidr: "192.0.2.0/24", ports: []string{"TCP 443"}},
+		{cidr: "10.0.2.0/25", ports: []string{"TCP 443"}},
 	})
 	// 10 keys: A's 4 and B's 4 leave 2, too few for B's new version of 6
 	// (the old one stays until the new one is in); without A, 4+6 fit.

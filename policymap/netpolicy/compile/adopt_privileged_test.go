@@ -154,3 +154,34 @@ func TestPrivilegedPolicyRevertCostsNothing(t *testing.T) {
 		t.Errorf("versions row %s, want version %d alone, no failure", strings.Join(row.TableRow(), " "), v)
 	}
 }
+
+// TestPrivilegedPolicyEditFitsWhereAVersionWouldNot: maps of 10 keys hold
+// pod a's 4 and pod b's 4; b's object gains an except under its cidr and
+// a rule beside it. A new version of b (6 keys beside its 4) would not
+// fit; the change is an edit in place of 2 keys (edit.go), which does: it
+// comes into force at b's version, the map full.
+func TestPrivilegedPolicyEditFitsWhereAVersionWouldNot(t *testing.T) {
+	a := pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: 10.0.0.2}]\n"+
+		"  egress:\n  - {cidr: 192.168.0.0/16, ports: [{port: 443}]}\n  - {cidr: 172.16.0.0/12, ports: [{port: 443}]}\n")
+	b := func(egress string) string {
+		return pe("b", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: 10.0.0.3}]\n  egress:\n"+egress)
+	}
+	before := mustParse(t, a, b("  - {cidr: 10.0.0.0/8, except: [10.0.1.0/24]}\n"))
+	after := mustParse(t, a, b("  - {cidr: 10.0.0.0/8, except: [10.0.1.0/24, 10.0.2.0/24]}\n  - {cidr: 192.0.2.0/24, ports: [{port: 443}]}\n"))
+	podA, podB := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	compiled := func(pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
+		return append(CompilePod(podA, pes[:1]), CompilePod(podB, pes[1:])...)
+	}
+	if n := len(CompilePod(podB, after[1:])); n != 7 { // 6 egress, 1 ingress
+		t.Fatalf("b's new policy has %d entries, want 7", n)
+	}
+	h := startPolicyHarness(t, harnessOptions{maxEntries: 10})
+	h.setEndpoints(before)
+	h.waitConverged(compiled(before))
+	v := h.versionOf(podB)
+	h.setEndpoints(after)
+	h.waitConverged(compiled(after))
+	if got := h.versionOf(podB); got != v {
+		t.Errorf("b at version %d, want %d (edited in place)", got, v)
+	}
+}

@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,8 @@ type harnessOptions struct {
 	args []string          // extra flags
 	// beforeStart runs once the bpffs exists, before the hive starts.
 	beforeStart func(globalsDir string)
+	// maxEntries sizes the maps (0: the default).
+	maxEntries uint32
 }
 
 func startPolicyHarness(tb testing.TB, o harnessOptions) *policyHarness {
@@ -77,7 +80,7 @@ func startPolicyHarness(tb testing.TB, o harnessOptions) *policyHarness {
 				return r.NewGroup(health, job.WithLogger(log))
 			}),
 			cell.Config(policymap.DefaultConfig),
-			cell.Provide(func() Settings { return Settings{MaxEntries: policybpf.PolicyDefaultMaxEntries} }),
+			cell.Provide(func() Settings { return Settings{MaxEntries: cmp.Or(o.maxEntries, policybpf.PolicyDefaultMaxEntries)} }),
 			endpoints.Cell,
 			Cell,
 			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpoints.PolicyEndpoint], ents statedb.RWTable[*PolicyMapEntry], ops *policymap.Maps[*PolicyMapEntry], st *policyState, vs *policyVersions, vt statedb.Table[*PodVersions]) {
