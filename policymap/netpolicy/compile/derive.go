@@ -97,6 +97,12 @@ type deriver[T policyRow[T], K kind[T]] struct {
 	slots     chan struct{} // background compiles running at once
 	wg        sync.WaitGroup
 
+	// stamped are, per pod, the templates its rows of the newest
+	// version are the entries of (delta.go), and deltas the differences
+	// of templates computed this round.
+	stamped map[netip.Addr][]*policyTemplate
+	deltas  map[string]*templateDelta
+
 	// cleanOnly are the queued pods whose replaced version goes, with
 	// nothing to recompile.
 	cleanOnly map[netip.Addr]bool
@@ -196,6 +202,8 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 	}
 	defer versionChanges.Close()
 	d.cleanOnly = map[netip.Addr]bool{}
+	d.stamped = map[netip.Addr][]*policyTemplate{}
+	d.deltas = map[string]*templateDelta{}
 	d.changed = newChangedPods(d.endpoints, k.parentIndex())
 	d.unions = newUnions(d.endpoints, k.parentIndex())
 	d.hosts = map[string]*podHosts[T]{}

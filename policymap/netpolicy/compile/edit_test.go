@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/enimasq/enimasq/cells/nodeconfig"
+	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
 func TestNested(t *testing.T) {
@@ -462,4 +463,66 @@ func TestClusterEditInPlaceIsWithinBothEnds(t *testing.T) {
 		t.Errorf("only %d edits in place in %d scenarios: the test checks too little", inPlace, scenarios)
 	}
 	t.Logf("%d edits in place, %d packets checked", inPlace, checked)
+}
+
+// templatesOfPod compiles a pod's templates as the deriver does.
+func templatesOfPod(pod netip.Addr, pes []*endpoints.PolicyEndpoint) []*policyTemplate {
+	entry := func(pe *endpoints.PolicyEndpoint) (endpoints.PodEndpoint, bool) { return pe.PodEntry(pod) }
+	sel, ok := selectionOf(pod, newObjectSet(endpoints.UnionOf(pod, pes)), pes, entry)
+	if !ok {
+		return nil
+	}
+	return compileSelection(sel)
+}
+
+// TestDiffTemplatesIsTheRowsEdit: the edit computed once from a
+// selection's templates (delta.go) is the edit computed from each pod's
+// rows (editInPlace): taken alike, with the same rows written and the
+// same keys deleted, on random policies and random small changes.
+func TestDiffTemplatesIsTheRowsEdit(t *testing.T) {
+	seed := propertySeed(t)
+	rng := rand.New(rand.NewPCG(seed, 47))
+	compared, inPlace := 0, 0
+	for i := range 400 {
+		a := genScenario(rng, true)
+		b := mutate(rng, a)
+		pa, pb := a.parse(t), b.parse(t)
+		for _, pod := range a.podIPs() {
+			ta, tb := templatesOfPod(pod, pa), templatesOfPod(pod, pb)
+			if ta == nil || tb == nil {
+				continue
+			}
+			rows := editRows(stampAll[policyKind](ta, pod), reconciler.StatusDone())
+			fresh, stale, ok := editInPlace(rows, stampAll[policyKind](tb, pod), 1)
+			delta := diffTemplates(ta, tb)
+			compared++
+			if ok != delta.ok {
+				t.Fatalf("seed %d, scenario %d, pod %s: from the rows in place %t, from the templates %t\n%s\n%s", seed, i, pod, ok, delta.ok, a.render(), b.render())
+			}
+			if !ok {
+				continue
+			}
+			inPlace++
+			var want, got []string
+			for _, f := range fresh {
+				want = append(want, strings.Join(f.TableRow(), " "))
+			}
+			for _, e := range delta.fresh {
+				got = append(got, strings.Join((&PolicyMapEntry{Pod: pod, Version: 1, Status: reconciler.StatusPending(), t: e}).TableRow(), " "))
+			}
+			for _, s := range stale {
+				want = append(want, "gone "+s.Map()+" "+s.Peer().String())
+			}
+			for _, g := range delta.gone {
+				got = append(got, "gone "+g.mapName+" "+g.peer.String())
+			}
+			if !sameLines(got, want) {
+				t.Fatalf("seed %d, scenario %d, pod %s: the templates' edit\n%s\nthe rows' edit\n%s", seed, i, pod, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		}
+	}
+	if inPlace < 100 {
+		t.Errorf("only %d of %d compared edits in place", inPlace, compared)
+	}
+	t.Logf("%d pods compared, %d edits in place", compared, inPlace)
 }

@@ -41,6 +41,8 @@ type versionSwitch struct {
 
 	// failed holds, per pod, why a version cannot come into force.
 	failed map[netip.Addr]string
+	// edits are the rows of edits in place not in the kernel yet.
+	edits pendingEdits
 }
 
 // switchPart is how many pods the switch looks at in one transaction.
@@ -84,6 +86,7 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 		return fmt.Errorf("watch the policy versions: %w", err)
 	}
 	s.failed = map[netip.Addr]string{}
+	s.edits = pendingEdits{}
 	var initialized [len(tiers)]bool
 	for {
 		txn := s.db.ReadTxn()
@@ -95,10 +98,12 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 		pb, pw := policyChanges.Next(txn)
 		for c := range pb {
 			dirty[c.Object.Pod] = struct{}{}
+			s.edits.note(txn, s.versions, policybpf.TierNetworkPolicy, c.Object.Pod, c.Object.Key(), c.Object.Status, c.Deleted)
 		}
 		cb, cw := clusterChanges.Next(txn)
 		for c := range cb {
 			dirty[c.Object.Pod] = struct{}{}
+			s.edits.note(txn, s.versions, policybpf.TierCluster, c.Object.Pod, c.Object.Key(), c.Object.Status, c.Deleted)
 		}
 		var initWatch []<-chan struct{}
 		for i, t := range []statedb.TableMeta{s.policy, s.cluster} {
@@ -121,7 +126,7 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 			pods := sortedAddrs(dirty)
 			for len(pods) > 0 {
 				n := min(len(pods), switchPart)
-				s.work(pods[:n], initialized)
+				s.work(txn, pods[:n], initialized)
 				pods = pods[n:]
 			}
 			s.report(health)
@@ -146,8 +151,10 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 }
 
 // work looks at the pods: cleans up after a switch that is in the kernel,
-// and switches the tiers whose newest version is whole.
-func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
+// and switches the tiers whose newest version is whole. seen is the
+// snapshot the changes were read from (and s.edits noted): a pod whose
+// versions row changed since is looked at with the next changes.
+func (s *versionSwitch) work(seen statedb.ReadTxn, pods []netip.Addr, initialized [len(tiers)]bool) {
 	wtxn := s.db.WriteTxn(s.versions, s.policy, s.cluster)
 	defer wtxn.Commit()
 	// Rows are listed in a snapshot (listing in a write transaction
@@ -162,6 +169,9 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 		if k := row.Status.Kind; k != reconciler.StatusKindDone && k != reconciler.StatusKindRefreshing {
 			continue // the kernel may hold either version: wait
 		}
+		if was, _, _ := s.versions.Get(seen, PodVersionsIndex.Query(pod)); was != row {
+			continue // changed since the edits were noted: dirty in the next changes
+		}
 		next := row.Clone()
 		var written [len(tiers)]written
 		for i, tier := range tiers {
@@ -171,7 +181,7 @@ func (s *versionSwitch) work(pods []netip.Addr, initialized [len(tiers)]bool) {
 			case tv.Want != tv.Active:
 				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Want, tv.Rows)
 			case tv.Editing:
-				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Active, tv.Rows)
+				written[i].whole, written[i].failure = s.edits.whole(tier, pod, tv.Active)
 			}
 		}
 		switched, failures := switchTiers(&next.Tiers, initialized, written)
@@ -307,4 +317,50 @@ func (s *versionSwitch) report(health cell.Health) {
 	slices.SortFunc(msgs, cmp.Compare)
 	health.Degraded(fmt.Sprintf("%d pods' policy changes cannot be written whole", len(msgs)),
 		errors.New(strings.Join(msgs[:min(len(msgs), 3)], "; ")))
+}
+
+// pendingEdits are, per pod and tier being edited in place (Editing), the rows
+// of the edit that the kernel does not hold yet, with the kernel's error
+// if it refused one: the switch notes them from the changes of the entries
+// tables, so that an edit is known to be whole without reading the pod's
+// other rows (the deriver writes an edit in one transaction, with its
+// Editing).
+type pendingEdits map[tierPod]map[PolicyEntryKey]string
+
+// note takes a change of a row of a pod's tier, in txn.
+func (e pendingEdits) note(txn statedb.ReadTxn, versions statedb.Table[*PodVersions], tier policybpf.PolicyTier, pod netip.Addr, key PolicyEntryKey, status reconciler.Status, deleted bool) {
+	tp := tierPod{tier, pod}
+	if deleted || inKernel(status) {
+		if rows := e[tp]; rows != nil {
+			delete(rows, key)
+			if len(rows) == 0 {
+				delete(e, tp)
+			}
+		}
+		return
+	}
+	row, _, ok := versions.Get(txn, PodVersionsIndex.Query(pod))
+	if !ok || !row.Tiers[tier].Editing || row.Tiers[tier].Active != key.Version {
+		return // a new version's row: counted whole (versionSwitch.whole)
+	}
+	if e[tp] == nil {
+		e[tp] = map[PolicyEntryKey]string{}
+	}
+	e[tp][key] = status.GetError()
+}
+
+// whole says whether the edit of a pod's tier at version v is in the
+// kernel, or why a row of it cannot be.
+func (e pendingEdits) whole(tier policybpf.PolicyTier, pod netip.Addr, v uint32) (bool, string) {
+	pending, failure, first := false, "", ""
+	for k, err := range e[tierPod{tier, pod}] {
+		if k.Version != v {
+			continue
+		}
+		pending = true
+		if what := k.Map + " " + k.Peer.String(); err != "" && (first == "" || what < first) {
+			first, failure = what, what+": "+err // the first refused, in key order
+		}
+	}
+	return !pending, failure
 }

@@ -103,6 +103,13 @@ type podWrite[K entryKind] struct {
 	pod   netip.Addr
 	stale []*MapEntry[K]
 	fresh []*MapEntry[K]
+	// stamped are the templates the pod's newest rows are the entries
+	// of, once written whole (delta.go); nil when not known.
+	stamped []*policyTemplate
+	// edit: an edit in place, written in one transaction whatever its
+	// size, with the tier's Editing (the switch knows it whole from the
+	// changes of its rows: pendingEdits).
+	edit bool
 }
 
 func (w *podWrite[K]) rows() int { return len(w.stale) + len(w.fresh) }

@@ -25,6 +25,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 	var k K
 	before := d.db.ReadTxn()
 	d.unions.reset()
+	clear(d.deltas) // keyed by the templates' addresses, alive this round
 	chunk := d.flow.chunkRows()
 	d.queue.next()
 	entries := 0
@@ -44,28 +45,37 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			}
 			w = &podWrite[K]{pod: pod, stale: stale}
 		} else if w == nil {
-			desired, names, named, ok := d.desired(ctx, wtxn, pod)
+			ts, names, named, ok := d.templatesOf(ctx, wtxn, pod)
 			if !ok {
 				continue // compiling in the background
 			}
-			entries += len(desired)
 			pods++
-			d.noteBad(pod, desired)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
 			d.pruneRestored(before, pod, tv, done)
 			quiet := othersQuiet(wtxn, d.versions, pod, k.tier())
+			edit := canEdit(tv, done, quiet, named)
+			prev := d.stamped[pod]
+			delete(d.stamped, pod) // until the pod's rows are written whole
 			var next TierVersions
-			if w, next, ok = d.adopt(pod, tv, done, quiet && !named, desired); !ok {
-				w, next, _ = diffPod(before, d.entries, pod, tv, done, canEdit(tv, done, quiet, named), desired, d.alloc)
+			if w, next, ok = d.editByDelta(before, pod, tv, edit, prev, ts); ok {
+				entries += w.rows()
+			} else {
+				desired := stampAll[K](ts, pod)
+				entries += len(desired)
+				d.noteBad(pod, desired)
+				if w, next, ok = d.adopt(pod, tv, done, quiet && !named, desired); !ok {
+					w, next, _ = diffPod(before, d.entries, pod, tv, done, edit, desired, d.alloc)
+				}
 			}
 			next.Names = max(next.Names, names)
 			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
 			}
+			w.stamped, w.edit = ts, next.Editing
 		}
 		limit := chunk - written
-		if w.rows() <= chunk {
-			limit = w.rows() // a pod's rows in one transaction, if they fit in a chunk
+		if w.rows() <= chunk || w.edit {
+			limit = w.rows() // a pod's rows in one transaction, if they fit in a chunk; an edit always
 		}
 		n, ins := w.write(wtxn, d.entries, limit)
 		written += n
@@ -76,6 +86,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			d.queue.suspend(b, w)
 			break
 		}
+		d.wrote(w)
 	}
 	if written == 0 || d.flow.off {
 		return pods, written, mark
@@ -87,7 +98,7 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			n, ins := b.partial.write(wtxn, d.entries, 1)
 			written, last = written+n, ins
 			if b.partial.rows() == 0 {
-				d.queue.resume(b) // written whole
+				d.wrote(d.queue.resume(b)) // written whole
 			}
 		} else if key, ok := d.probe(wtxn, before); ok {
 			return pods, written, reconcileMark{key: key, rows: written}
@@ -146,13 +157,29 @@ func (d *deriver[T, K]) pruneRestored(before statedb.ReadTxn, pod netip.Addr, tv
 	}
 }
 
-// desired compiles a pod's entries, and returns the revision of
-// policy-fqdn they were compiled from and true if its objects have name
-// rules; false while its selection compiles in the background (the pod
-// waits for it).
-func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) (_ []*MapEntry[K], names statedb.Revision, named, ok bool) {
+// wrote notes a pod's rows written whole: its newest version's rows are
+// the entries of the templates they were stamped from (delta.go).
+func (d *deriver[T, K]) wrote(w *podWrite[K]) {
+	if w.stamped != nil {
+		d.stamped[w.pod] = w.stamped
+	}
+}
+
+// stampAll stamps a pod's entries from its templates.
+func stampAll[K entryKind](ts []*policyTemplate, pod netip.Addr) []*MapEntry[K] {
+	var out []*MapEntry[K]
+	for _, t := range ts {
+		out = stamp(t, out, pod)
+	}
+	return out
+}
+
+// templatesOf compiles a pod's entries into templates, and returns the
+// revision of policy-fqdn they were compiled from and true if its objects
+// have name rules; false while its selection compiles in the background
+// (the pod waits for it).
+func (d *deriver[T, K]) templatesOf(ctx context.Context, wtxn statedb.WriteTxn, pod netip.Addr) (_ []*policyTemplate, names statedb.Revision, named, ok bool) {
 	var k K
-	var desired []*MapEntry[K]
 	if !d.node.FamilyEnabled(pod) || pod.Is4In6() {
 		return nil, 0, false, true
 	}
@@ -178,10 +205,7 @@ func (d *deriver[T, K]) desired(ctx context.Context, wtxn statedb.WriteTxn, pod 
 		ts = k.compile(sel)
 		d.templates[key] = compiled[T]{sel: sel, templates: ts}
 	}
-	for _, t := range ts {
-		desired = stamp(t, desired, pod)
-	}
-	return desired, names, named, true
+	return ts, names, named, true
 }
 
 // hostsOf returns the function that finds pod's entry in an object.
