@@ -18,7 +18,11 @@
 // writes only the entries whose bytes differ; large selections compile in
 // the background, so a small change is not held behind them. The rows
 // (table.go) share their template's entries: 80 bytes a row. A pod's rows
-// change in one step: versions.go, switch.go.
+// change in one step (versions.go, switch.go), and a change costs what
+// changed: where no state on the way is more open than both ends, the
+// version in force is edited in place (edit.go), the edit computed once per
+// selection from its templates (delta.go); changes are worked oldest first
+// (queue.go); a restart takes over what the kernel holds (adopt.go).
 //
 // Everything but the semantics is written once for both kinds of policy
 // object: a kind is a descriptor (kinds.go), a type without fields whose
