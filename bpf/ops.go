@@ -66,7 +66,7 @@ type Ops[E Entry] struct {
 // says which keys no desired object holds are to be kept all the same
 // (keys the kernel still uses: SetKeep). The maps are pruned in order,
 // spill maps last.
-type KeepFunc func() func(mapName string, key []byte) bool
+type KeepFunc func(txn statedb.ReadTxn) func(mapName string, key []byte) bool
 
 // SetKeep sets the keys a prune keeps though no desired object holds them
 // (nil: none).

@@ -25,7 +25,7 @@ const listChunk = 4096
 // cannot be deleted does not stop the deletion of the others; all failures
 // come back joined. Prune only deletes: a present key with a stale value is
 // fixed by Update when the object is refreshed.
-func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[E, statedb.Revision]) error {
+func (o *Ops[E]) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[E, statedb.Revision]) error {
 	open := o.snapshot()
 	if len(open) == 0 {
 		return nil
@@ -57,7 +57,7 @@ func (o *Ops[E]) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2
 
 	keep := func(string, []byte) bool { return false }
 	if k := o.keep.Load(); k != nil {
-		keep = (*k)()
+		keep = (*k)(txn) // the snapshot the desired objects are read from
 	}
 	var errs []error
 	names := slices.SortedFunc(maps.Keys(open), func(a, b string) int {

@@ -20,12 +20,13 @@ import (
 // (readAdoptable), and the deriver compares a restored pod's compiled
 // entries with them (adopt): where the kernel holds the same bytes, the
 // row is taken over at that version as it is, Done, without a map
-// operation; where it differs, the difference is an edit of the version
-// in force, taken only if it is safe in place (edit.go: the keys it
-// writes and the kernel's keys no entry desires nest nowhere), and
-// otherwise the pod gets a new version as for any change. The keys no
-// entry desires go with the next prune, which keeps a version's keys only
-// while the run has not taken the version over (policyVersions.keep).
+// operation; where it differs by entries to write, the difference is an
+// edit of the version in force, taken only if it is safe in place
+// (edit.go), and otherwise the pod gets a new version as for any change;
+// the kernel's keys no entry desires are taken over as rows too, which
+// the pod's next compile, queued at once, deletes as an edit. The prune keeps a
+// version's keys only while the run has not taken the version over
+// (policyVersions.keep), judged in the snapshot it prunes against.
 // An entry whose value has chunks is written again (same bytes): that the
 // earlier run's chunks are all still there is not read.
 
@@ -87,10 +88,13 @@ func restored(tv TierVersions, done bool) bool {
 
 // adopt returns the rows that take over the kernel's entries of version v
 // for a pod's desired entries, all at v: Done where the kernel holds the
-// same bytes (and the value has no chunks), Pending otherwise; extra is
-// the kernel's keys no entry desires. ok is false when the rows to write
-// and the extra keys are an edit that is not allowed (edit) or not safe in
-// place (nested): the pod then gets a new version.
+// same bytes (and the value has no chunks), Pending otherwise; and, Done,
+// the extra keys the kernel holds that no entry desires. ok is false when
+// the rows to write are an edit that is not allowed (edit) or not safe in
+// place (nested): the pod then gets a new version. With every key on each
+// peer's chain as it was but at most one rewritten, the taken-over state
+// (desired and extra keys) decides each peer as before or as desired; the
+// next compile deletes the extra keys as an edit of its own.
 func adopt[K entryKind](kernel map[PolicyEntryKey]string, desired []*MapEntry[K], v uint32, edit bool) (rows []*MapEntry[K], extra int, ok bool) {
 	touched := map[string][]netip.Prefix{}
 	seen := make(map[PolicyEntryKey]bool, len(desired))
@@ -109,8 +113,7 @@ func adopt[K entryKind](kernel map[PolicyEntryKey]string, desired []*MapEntry[K]
 		rows[i] = r
 	}
 	for k := range kernel {
-		if !seen[k] {
-			extra++
+		if !seen[k] { // deleted by the pod's next compile: touched alike
 			touched[k.Map] = append(touched[k.Map], k.Peer)
 		}
 	}
@@ -120,6 +123,17 @@ func adopt[K entryKind](kernel map[PolicyEntryKey]string, desired []*MapEntry[K]
 	for _, ps := range touched {
 		if nested(ps) {
 			return nil, 0, false
+		}
+	}
+	// The kernel's keys no entry desires are taken over too, as rows as
+	// they are (Done), for the next compile of the pod to delete as an
+	// edit, or with its version if that is not safe.
+	for k, val := range kernel {
+		if !seen[k] {
+			e := &MapEntry[K]{Pod: k.Pod, Version: v, Status: reconciler.StatusDone(),
+				t: &templateEntry{mapName: k.Map, peer: k.Peer, value: &portValue{bytes: []byte(val), text: "(an earlier run's, to delete)"}}}
+			rows = append(rows, e)
+			extra++
 		}
 	}
 	return rows, extra, true

@@ -93,9 +93,13 @@ func TestPrivilegedPolicyRestartAdopts(t *testing.T) {
 	if h.versionOf(b) == vb {
 		t.Errorf("pod b kept version %d after its except moved (nested keys: a new version)", vb)
 	}
+	// a: the new peer's key written when the kernel's entries are taken
+	// over, the old peer's deleted by the next compile (an edit); its
+	// witness (edit.go) and the flow control's probe of a deletion
+	// (throttle.go) may each write a key again.
 	bEntries := int64(len(CompilePod(b, before[1:])) + len(CompilePod(b, after[1:])))
-	if n := ops(); n != 2+bEntries {
-		t.Errorf("%d map operations, want 2 for a's peer and %d for b's new version and its old one's deletion", n, bEntries)
+	if n := ops(); n < 2+bEntries || n > 4+bEntries {
+		t.Errorf("%d map operations, want 2 (to 4) for a's peer and %d for b's new version and its old one's deletion", n, bEntries)
 	}
 }
 

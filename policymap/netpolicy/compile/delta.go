@@ -113,7 +113,7 @@ func sameValue(a, b *portValue) bool {
 // its rows were stamped from, ts the new ones. False when it does not
 // apply.
 func (d *deriver[T, K]) editByDelta(before statedb.ReadTxn, pod netip.Addr, tv TierVersions, edit bool, prev, ts []*policyTemplate) (*podWrite[K], TierVersions, bool) {
-	if !edit || tv.Editing || prev == nil || len(ts) == 0 || d.bad[pod] != nil || tv.Rows != templateRows(prev) {
+	if !edit || tv.Editing || prev == nil || firstEntry(ts) == nil || d.bad[pod] != nil || tv.Rows != templateRows(prev) {
 		return nil, tv, false
 	}
 	key := templatesKey(prev) + "|" + templatesKey(ts)
@@ -136,8 +136,30 @@ func (d *deriver[T, K]) editByDelta(before statedb.ReadTxn, pod netip.Addr, tv T
 		}
 		w.stale = append(w.stale, r)
 	}
+	if len(w.fresh) == 0 && len(w.stale) > 0 {
+		// Only deletions: a witness (edit.go), an entry the edit keeps.
+		witness := firstEntry(ts)
+		r, _, ok := d.entries.Get(before, entryQuery[K](PolicyEntryKey{Map: witness.mapName, Pod: pod, Peer: witness.peer, Version: tv.Active}))
+		if !ok {
+			return nil, tv, false
+		}
+		w.fresh = append(w.fresh, r.atVersion(tv.Active))
+	}
 	next := tv
 	next.Rows = templateRows(ts)
 	next.Editing = w.rows() > 0
 	return w, next, true
+}
+
+// firstEntry is the first entry of the templates (they have one: a
+// template of a selected pod has its root).
+func firstEntry(ts []*policyTemplate) *templateEntry {
+	for _, t := range ts {
+		for _, b := range t.blocks {
+			if len(b) > 0 {
+				return &b[0]
+			}
+		}
+	}
+	return nil
 }

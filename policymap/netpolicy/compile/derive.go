@@ -113,6 +113,9 @@ type deriver[T policyRow[T], K kind[T]] struct {
 
 	// adoption counts what was taken over of an earlier run's versions.
 	adoption adoptionCounts
+	// requeue are pods to compile again after this round (not in it: a
+	// round writes a pod once, diffing against its snapshot).
+	requeue []netip.Addr
 
 	// prune asks the kind's reconciler for a prune of its maps (nil in
 	// tests without one): the keys of a version restored from an earlier
@@ -245,7 +248,9 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 		if clean := needsCleanup(vbatch, k.tier()); len(clean) > 0 {
 			var queued []netip.Addr
 			for _, p := range clean {
-				if _, due := d.queue.due[p]; !due {
+				// A pod being written in parts is cleaned up after its
+				// write (queued anew, its write would be dropped).
+				if _, due := d.queue.due[p]; !due && d.queue.partial[p] == nil {
 					d.cleanOnly[p] = true
 					queued = append(queued, p)
 				}
@@ -279,7 +284,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 					if a := d.adoption; a.pods > 0 || a.renewed > 0 {
 						// A restart: what the kernel held, taken over.
 						d.log.Info("Policy versions of the earlier run taken over", "table", k.tableName(), "pods", a.pods,
-							"entries-kept", a.rows, "entries-written", a.written, "keys-pruned", a.extra, "pods-with-new-versions", a.renewed)
+							"entries-kept", a.rows, "entries-written", a.written, "keys-to-delete", a.extra, "pods-with-new-versions", a.renewed)
 					}
 					health.OK(fmt.Sprintf("Initialized: %d entries", n))
 				} else {
@@ -290,6 +295,8 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			if mark.rows > 0 {
 				d.flow.add(mark)
 			}
+			d.queue.push(d.requeue)
+			d.requeue = nil
 		}
 		if !d.queue.empty() {
 			if canWork {

@@ -35,7 +35,11 @@ import (
 // The reconciler writes rows in revision order, so an earlier edit is in
 // the kernel before a later one, but an entry it failed to write (Error,
 // retried) or has not reached yet (Pending) can stay behind a later edit:
-// the prefixes of such rows count as touched by the new edit too. And a
+// the prefixes of such rows count as touched by the new edit too. The
+// reconciler deletes a round's rows before it writes its others, and marks
+// them Done after, so an edit's written rows Done say its deletions are
+// in the kernel: an edit that only deletes writes one unchanged row again
+// after them (a witness), so that the switch knows when it is whole. And a
 // pod's tiers decide together (the Admin tier before the NetworkPolicy,
 // the Baseline after): a tier is edited in place only while the pod's
 // other tiers have no new version on the way, so that no packet meets one
@@ -88,6 +92,19 @@ func editInPlace[E versionedRow[E]](current map[PolicyEntryKey]E, desired []E, v
 		if nested(ps) {
 			return nil, nil, false
 		}
+	}
+	if len(fresh) == 0 && len(stale) > 0 {
+		// Only deletions: an unchanged row written again (the same bytes)
+		// after them tells when the kernel has them (witness): one the
+		// reconciler has yet to write, if any, costs nothing more.
+		witness := current[desired[0].Key()]
+		for _, d := range desired {
+			if r := current[d.Key()]; !inKernel(r.GetStatus()) {
+				witness = r
+				break
+			}
+		}
+		fresh = append(fresh, witness.atVersion(v))
 	}
 	return fresh, stale, true
 }

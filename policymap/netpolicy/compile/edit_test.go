@@ -503,6 +503,9 @@ func TestDiffTemplatesIsTheRowsEdit(t *testing.T) {
 				continue
 			}
 			inPlace++
+			if len(delta.fresh) == 0 && len(delta.gone) > 0 {
+				fresh = fresh[:len(fresh)-1] // the rows' witness (editByDelta adds its own)
+			}
 			var want, got []string
 			for _, f := range fresh {
 				want = append(want, strings.Join(f.TableRow(), " "))

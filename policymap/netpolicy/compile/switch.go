@@ -176,13 +176,13 @@ func (s *versionSwitch) work(seen statedb.ReadTxn, pods []netip.Addr, initialize
 		var written [len(tiers)]written
 		for i, tier := range tiers {
 			tv := next.Tiers[i]
-			switch {
-			case !initialized[i]:
-			case tv.Want != tv.Active:
-				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Want, tv.Rows)
-			case tv.Editing:
-				written[i].whole, written[i].failure = s.edits.whole(tier, pod, tv.Active)
+			if !initialized[i] {
+				continue
 			}
+			if tv.Want != tv.Active {
+				written[i].whole, written[i].failure = s.whole(txn, tier, pod, tv.Want, tv.Rows)
+			}
+			written[i].edit, written[i].editFailure = s.edits.whole(tier, pod, tv.Active)
 		}
 		switched, failures := switchTiers(&next.Tiers, initialized, written)
 		if len(failures) > 0 {
@@ -223,49 +223,55 @@ func (s *versionSwitch) whole(txn statedb.ReadTxn, tier policybpf.PolicyTier, po
 	return done == rows, failure
 }
 
-// written is how far a tier's version on the way (or its edit in place)
-// is in the kernel: whole (every row Done), or why it cannot be (a row the
-// kernel refused).
+// written is how far a tier's version on the way is in the kernel (whole:
+// every row Done; or why it cannot be: a row the kernel refused), and how
+// far the version in force is (edit: no row of it Pending or refused; or
+// editFailure, why not).
 type written struct {
-	whole   bool
-	failure string
+	whole       bool
+	failure     string
+	edit        bool
+	editFailure string
 }
 
 // switchTiers brings a pod's new versions into force (tvs, its tiers'
 // versions, as the switch found them written) and returns whether the
 // kernel's entry changes, and why versions cannot come into force.
 //
-// A pod's tiers switch together: a tier whose new version is whole waits
-// while another's new version or edit is still being written (not
-// failed), so that no packet meets one tier's new policy with the other's
-// old one. A version that
-// fails never comes into force: the pod keeps the one it has or, with
-// none, is closed. An edit in place (edit.go) is done once whole; while a
-// row of it fails, the tier says why.
+// A tier is Editing while a row of its version in force is not in the
+// kernel (an edit in place being written, or refused: edit.go). A pod's
+// tiers switch together: a tier whose new version is whole waits while
+// the other tier is busy, its new version or its edit still being written
+// (not failed), so that no packet meets one tier's new policy with the
+// other's old one or half-edited one. A version that fails never comes
+// into force: the pod keeps the one it has or, with none, is closed.
 func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w [len(tiers)]written) (switched bool, failures []string) {
-	writing := false
+	var busy [len(tiers)]bool
 	for i := range tiers {
-		tv := tvs[i]
-		onTheWay := tv.Want != tv.Active || tv.Editing
-		writing = writing || initialized[i] && onTheWay && !w[i].whole && w[i].failure == ""
+		tv := &tvs[i]
+		if !initialized[i] {
+			tv.Failed = ""
+			continue
+		}
+		tv.Editing = !w[i].edit
+		busy[i] = tv.Want != tv.Active && !w[i].whole && w[i].failure == "" || tv.Editing && w[i].editFailure == ""
 	}
 	for i := range tiers {
 		tv := &tvs[i]
+		if !initialized[i] {
+			continue
+		}
+		othersBusy := false
+		for j := range tiers {
+			othersBusy = othersBusy || j != i && busy[j]
+		}
+		tv.Failed = ""
 		switch {
-		case !initialized[i]:
-			tv.Failed = ""
-		case tv.Want == tv.Active:
-			tv.Editing = tv.Editing && !w[i].whole
-			tv.Failed = ""
-			if tv.Editing && w[i].failure != "" {
-				tv.Failed = w[i].failure
-				failures = append(failures, fmt.Sprintf("%s version %s not edited whole, the pod is between the policy before and after the edit: %s",
-					tierNames[i], versionText(tv.Active), tv.Failed))
-			}
-		case w[i].whole && !writing:
-			tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
+		case tv.Want != tv.Active && w[i].whole && !othersBusy:
+			tv.Prev, tv.Active = tv.Active, tv.Want
+			tv.Editing = false // the edited version is replaced
 			switched = true
-		case w[i].failure != "":
+		case tv.Want != tv.Active && w[i].failure != "":
 			tv.Failed = w[i].failure
 			failures = append(failures, fmt.Sprintf("%s version %s not written, %s: %s", tierNames[i],
 				versionText(tv.Want), keeps(tv.Active), w[i].failure))
@@ -273,6 +279,10 @@ func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w 
 				tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
 				switched = true
 			}
+		case tv.Editing && w[i].editFailure != "":
+			tv.Failed = w[i].editFailure
+			failures = append(failures, fmt.Sprintf("%s version %s not edited whole, the pod is between the policy before and after the edit: %s",
+				tierNames[i], versionText(tv.Active), tv.Failed))
 		}
 	}
 	return switched, failures
@@ -319,12 +329,13 @@ func (s *versionSwitch) report(health cell.Health) {
 		errors.New(strings.Join(msgs[:min(len(msgs), 3)], "; ")))
 }
 
-// pendingEdits are, per pod and tier being edited in place (Editing), the rows
-// of the edit that the kernel does not hold yet, with the kernel's error
-// if it refused one: the switch notes them from the changes of the entries
-// tables, so that an edit is known to be whole without reading the pod's
-// other rows (the deriver writes an edit in one transaction, with its
-// Editing).
+// pendingEdits are, per pod and tier, the rows of its version in force
+// that the kernel does not hold (yet), with the kernel's error if it
+// refused one: an edit in place being written, or a row the refresh
+// could not write back. The switch notes them from the changes of the
+// entries tables, so that it knows the version in force whole without
+// reading the pod's other rows (the deriver writes an edit in one
+// transaction, with its Editing).
 type pendingEdits map[tierPod]map[PolicyEntryKey]string
 
 // note takes a change of a row of a pod's tier, in txn.
@@ -340,7 +351,7 @@ func (e pendingEdits) note(txn statedb.ReadTxn, versions statedb.Table[*PodVersi
 		return
 	}
 	row, _, ok := versions.Get(txn, PodVersionsIndex.Query(pod))
-	if !ok || !row.Tiers[tier].Editing || row.Tiers[tier].Active != key.Version {
+	if !ok || row.Tiers[tier].Active != key.Version {
 		return // a new version's row: counted whole (versionSwitch.whole)
 	}
 	if e[tp] == nil {

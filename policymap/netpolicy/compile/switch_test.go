@@ -7,13 +7,17 @@ import (
 )
 
 // TestSwitchTiers: which of a pod's tiers come into force, given how far
-// their new versions are written.
+// their new versions and the edits of their versions in force are written.
 func TestSwitchTiers(t *testing.T) {
 	const closed = policybpf.PolicyVersionClosed
 	both := [len(tiers)]bool{true, true}
-	ok := written{whole: true}
-	writing := written{}
-	failed := written{failure: "refused"}
+	// How far a tier is written: its version on the way whole / being
+	// written / refused, its version in force whole (edit) or not.
+	ok := written{whole: true, edit: true}
+	writing := written{edit: true}
+	failed := written{failure: "refused", edit: true}
+	editing := written{whole: true}
+	editFailed := written{whole: true, editFailure: "refused"}
 	for _, tc := range []struct {
 		name        string
 		tvs         [len(tiers)]TierVersions
@@ -37,12 +41,16 @@ func TestSwitchTiers(t *testing.T) {
 			[2]TierVersions{{Prev: 1, Active: 2, Want: 2}, {Active: 3, Want: 4}}, true, 0},
 		{"an edit in place done", [2]TierVersions{{Active: 1, Want: 1, Rows: 3, Editing: true}, {}}, both, [2]written{ok, ok},
 			[2]TierVersions{{Active: 1, Want: 1, Rows: 3}, {}}, false, 0},
-		{"an edit in place failing", [2]TierVersions{{Active: 1, Want: 1, Rows: 3, Editing: true}, {}}, both, [2]written{failed, ok},
+		{"an edit in place failing", [2]TierVersions{{Active: 1, Want: 1, Rows: 3, Editing: true}, {}}, both, [2]written{editFailed, ok},
 			[2]TierVersions{{Active: 1, Want: 1, Rows: 3, Editing: true, Failed: "refused"}, {}}, false, 1},
-		{"an edit being written holds up the other tier", [2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, both, [2]written{writing, ok},
+		{"a row of the version in force lost: editing", [2]TierVersions{{Active: 1, Want: 1, Rows: 3}, {}}, both, [2]written{editing, ok},
+			[2]TierVersions{{Active: 1, Want: 1, Rows: 3, Editing: true}, {}}, false, 0},
+		{"an edit being written holds up the other tier", [2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, both, [2]written{editing, ok},
 			[2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, false, 0},
-		{"a failing edit does not", [2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, both, [2]written{failed, ok},
+		{"a failing edit does not", [2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, both, [2]written{editFailed, ok},
 			[2]TierVersions{{Active: 1, Want: 1, Editing: true, Failed: "refused"}, {Prev: 3, Active: 4, Want: 4}}, true, 1},
+		{"an edit of the version a new one replaces does not hold it up", [2]TierVersions{{Active: 1, Want: 2, Editing: true}, {}}, both, [2]written{{whole: true}, ok},
+			[2]TierVersions{{Prev: 1, Active: 2, Want: 2}, {}}, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tvs := tc.tvs

@@ -106,10 +106,13 @@ type podWrite[K entryKind] struct {
 	// stamped are the templates the pod's newest rows are the entries
 	// of, once written whole (delta.go); nil when not known.
 	stamped []*policyTemplate
-	// edit: an edit in place, written in one transaction whatever its
-	// size, with the tier's Editing (the switch knows it whole from the
-	// changes of its rows: pendingEdits).
+	// edit: an edit in place (or an adoption), written in one
+	// transaction whatever its size, with the tier's Editing (the switch
+	// knows it whole from the changes of its rows: pendingEdits).
 	edit bool
+	// unstamped: the rows are not the entries of the templates compiled
+	// (an adoption's extra keys).
+	unstamped bool
 }
 
 func (w *podWrite[K]) rows() int { return len(w.stale) + len(w.fresh) }
@@ -187,6 +190,12 @@ func (d *deriver[T, K]) probe(wtxn statedb.WriteTxn, before statedb.ReadTxn) (Po
 	if !ok {
 		return PolicyEntryKey{}, false
 	}
-	d.entries.Insert(wtxn, cur.Clone().SetStatus(reconciler.StatusRefreshing()))
+	// Only a row the kernel holds is refreshed; a Pending or refused one
+	// is written again Pending (Refreshing would say the kernel holds it).
+	status := reconciler.StatusRefreshing()
+	if cur.Status.Kind != reconciler.StatusKindDone {
+		status = reconciler.StatusPending()
+	}
+	d.entries.Insert(wtxn, cur.Clone().SetStatus(status))
 	return row.Key(), true
 }

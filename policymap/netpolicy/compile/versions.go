@@ -217,17 +217,18 @@ func (v *policyVersions) lookup(m bpf.PinnedMap, pod netip.Addr) ([2]uint32, boo
 // takes the version over (adopt.go: its rows are then the version's
 // keys, and the kernel's keys no row holds go).
 func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[string]bpf.PinnedMap) bpf.KeepFunc {
-	return func() func(string, []byte) bool {
+	return func(txn statedb.ReadTxn) func(string, []byte) bool {
 		versions := v.versionsMap()
 		if versions == nil {
 			return func(string, []byte) bool { return false }
 		}
-		var txn statedb.ReadTxn
-		if v.db != nil {
+		// txn is the snapshot the prune read the desired rows from: a pod
+		// taken over after it keeps its keys in this prune.
+		if txn == nil && v.db != nil {
 			txn = v.db.ReadTxn()
 		}
 		takenOver := func(pod netip.Addr, version uint32) bool {
-			if txn == nil {
+			if txn == nil || v.table == nil {
 				return false
 			}
 			row, _, ok := v.table.Get(txn, PodVersionsIndex.Query(pod))
@@ -324,13 +325,13 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edi
 	if same(current, desired) {
 		return nil, stale, next, len(stale) > 0 || next != tv
 	}
-	if len(desired) > 0 && same(active, desired) {
+	if len(desired) > 0 && same(active, desired) && allInKernel(active) {
 		// Back to the policy in force: the version on the way goes, and
 		// nothing is written (it may be one that does not fit).
 		for _, r := range current {
 			stale = append(stale, r)
 		}
-		next.Want, next.Rows, next.Failed, next.Editing = tv.Active, len(desired), "", false
+		next.Want, next.Rows, next.Failed = tv.Active, len(desired), ""
 		return nil, stale, next, true
 	}
 	if edit && len(desired) > 0 {
@@ -344,7 +345,7 @@ func versionDiff[E versionedRow[E]](rows iter.Seq[E], tv TierVersions, done, edi
 			stale = append(stale, r)
 		}
 	}
-	next.Want, next.Rows, next.Failed, next.Editing = policybpf.PolicyVersionNone, 0, "", false
+	next.Want, next.Rows, next.Failed = policybpf.PolicyVersionNone, 0, "" // Editing: the version in force's, as the switch finds it
 	if len(desired) > 0 {
 		next.Want, next.Rows = alloc(), len(desired)
 		fresh = make([]E, len(desired))
@@ -362,6 +363,16 @@ func same[E versionedRow[E]](rows map[PolicyEntryKey]E, desired []E) bool {
 	}
 	for _, d := range desired {
 		if r, ok := rows[d.Key()]; !ok || !r.sameDesired(d) {
+			return false
+		}
+	}
+	return true
+}
+
+// allInKernel says whether the kernel holds every one of rows.
+func allInKernel[E versionedRow[E]](rows map[PolicyEntryKey]E) bool {
+	for _, r := range rows {
+		if !inKernel(r.GetStatus()) {
 			return false
 		}
 	}
@@ -444,16 +455,18 @@ func tierOf(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Ad
 	return row.Tiers[tier], k == reconciler.StatusKindDone || k == reconciler.StatusKindRefreshing
 }
 
-// othersQuiet says whether a pod's tiers other than tier have no version
-// or edit on the way (Want is Active, not Editing): an edit of tier in
-// place then meets them as they are (edit.go).
+// othersQuiet says whether a pod's tiers other than tier have no edit on
+// the way (not Editing: the kernel holds their version in force whole): an
+// edit of tier in place then meets them as they are (edit.go). A new
+// version of another tier waits for the edit to be whole before it
+// switches (switchTiers).
 func othersQuiet(txn statedb.ReadTxn, table statedb.Table[*PodVersions], pod netip.Addr, tier policybpf.PolicyTier) bool {
 	row, _, ok := table.Get(txn, PodVersionsIndex.Query(pod))
 	if !ok {
 		return true
 	}
 	for i, t := range row.Tiers {
-		if policybpf.PolicyTier(i) != tier && (t.Want != t.Active || t.Editing) {
+		if policybpf.PolicyTier(i) != tier && t.Editing {
 			return false
 		}
 	}

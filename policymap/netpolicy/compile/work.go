@@ -71,7 +71,10 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 			if next != tv {
 				setTier(wtxn, d.versions, pod, k.tier(), next)
 			}
-			w.stamped, w.edit = ts, next.Editing
+			if !w.unstamped {
+				w.stamped = ts
+			}
+			w.edit = w.edit || next.Editing
 		}
 		limit := chunk - written
 		if w.rows() <= chunk || w.edit {
@@ -127,17 +130,21 @@ func (d *deriver[T, K]) adopt(pod netip.Addr, tv TierVersions, done, edit bool, 
 		d.adoption.renewed++
 		return nil, tv, false
 	}
-	taken := adopted(rows)
+	taken := adopted(rows) - extra
 	d.adoption.pods++
 	d.adoption.rows += taken
-	d.adoption.written += len(rows) - taken
+	d.adoption.written += len(desired) - taken
 	d.adoption.extra += extra
-	if extra > 0 && d.prune != nil {
-		d.prune.request() // the keys no row holds
-	}
 	next := tv
-	next.Want, next.Rows, next.Editing = tv.Active, len(rows), taken < len(rows)
-	return &podWrite[K]{pod: pod, fresh: rows}, next, true
+	next.Want, next.Rows, next.Editing = tv.Active, len(rows), taken < len(desired)
+	// In one transaction: the prune keeps the version's keys until the
+	// run takes it over (Want), and then only those of its rows.
+	w := &podWrite[K]{pod: pod, fresh: rows, edit: true}
+	if extra > 0 {
+		w.unstamped = true                 // its rows are not its templates'
+		d.requeue = append(d.requeue, pod) // the extra keys go, next round
+	}
+	return w, next, true
 }
 
 // adoptionCounts are the restored pods' tiers the deriver took over
