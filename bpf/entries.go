@@ -19,32 +19,21 @@ type KeyValue struct {
 // walks the keys otherwise, and fails rather than return more entries than
 // the map holds.
 func Entries(m PinnedMap) ([]KeyValue, error) {
-	keySize, valueSize := int(m.KeySize()), int(m.ValueSize())
 	limit := int(m.MaxEntries())
-	chunk := max(1, min(limit, listChunk))
-	keys := newBatchBuf(keySize, chunk)
-	values := newBatchBuf(valueSize, chunk)
-
 	var out []KeyValue
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys.slice.Interface(), values.slice.Interface(), nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			return walkEntries(m, limit)
-		}
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, fmt.Errorf("list entries: %w", err)
-		}
+	err := batchList(m, func(keys, values batchBuf, n int) error {
 		for i := range n {
 			out = append(out, KeyValue{slices.Clone(keys.at(i)), slices.Clone(values.at(i))})
 		}
 		if len(out) > limit {
-			return nil, fmt.Errorf("list entries: more than the %d entries the map holds", limit)
+			return fmt.Errorf("list entries: more than the %d entries the map holds", limit)
 		}
-		if err != nil { // ErrKeyNotExist: the walk is complete.
-			return out, nil
-		}
+		return nil
+	})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return walkEntries(m, limit)
 	}
+	return out, err
 }
 
 // walkEntries lists the entries one key at a time.

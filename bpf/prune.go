@@ -113,28 +113,45 @@ func pruneMap(ctx context.Context, name string, m Map, desired map[string]struct
 // than return more keys than the map can hold (a map changing under the walk
 // can make the kernel restart it).
 func listKeys(m Map) (batchBuf, error) {
-	keySize, valueSize := int(m.KeySize()), int(m.ValueSize())
-	limit := int(m.MaxEntries())
-	chunk := max(1, min(limit, listChunk))
-	keys := newBatchBuf(keySize, chunk)
-	values := newBatchBuf(valueSize, chunk)
-
+	keySize, limit := int(m.KeySize()), int(m.MaxEntries())
 	var all []byte
+	err := batchList(m, func(keys, _ batchBuf, n int) error {
+		all = append(all, keys.raw[:n*keySize]...)
+		if len(all) > limit*keySize {
+			return fmt.Errorf("list keys: more than the %d entries the map holds", limit)
+		}
+		return nil
+	})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return walkKeys(m, limit)
+	}
+	if err != nil {
+		return batchBuf{}, err
+	}
+	return batchBufOf(keySize, all), nil
+}
+
+// batchList reads every entry of m with batch lookups, handing each batch
+// (n keys and values) to each; ebpf.ErrNotSupported when the kernel has no
+// batch lookup for the map.
+func batchList(m Map, each func(keys, values batchBuf, n int) error) error {
+	chunk := max(1, min(int(m.MaxEntries()), listChunk))
+	keys := newBatchBuf(int(m.KeySize()), chunk)
+	values := newBatchBuf(int(m.ValueSize()), chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys.slice.Interface(), values.slice.Interface(), nil)
 		if errors.Is(err, ebpf.ErrNotSupported) {
-			return walkKeys(m, limit)
+			return err
 		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return batchBuf{}, fmt.Errorf("list keys: %w", err)
+			return fmt.Errorf("list keys: %w", err)
 		}
-		all = append(all, keys.raw[:n*keySize]...)
-		if len(all) > limit*keySize {
-			return batchBuf{}, fmt.Errorf("list keys: more than the %d entries the map holds", limit)
+		if eachErr := each(keys, values, n); eachErr != nil {
+			return eachErr
 		}
 		if err != nil { // ErrKeyNotExist: the walk is complete.
-			return batchBufOf(keySize, all), nil
+			return nil
 		}
 	}
 }

@@ -30,6 +30,20 @@ func (h *policyHarness) countOps() func() int64 {
 	}
 }
 
+// waitVersionFailing waits until a pod's new NetworkPolicy version cannot
+// be written (Failed), the one in force another.
+func (h *policyHarness) waitVersionFailing(pod netip.Addr) {
+	h.tb.Helper()
+	celltest.Await(h.tb, 30*time.Second, func() (bool, <-chan struct{}, string) {
+		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
+		if !ok {
+			return false, watch, "no versions row"
+		}
+		tv := row.Tiers[policybpf.TierNetworkPolicy]
+		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
+	})
+}
+
 // versionOf is a pod's NetworkPolicy version in force.
 func (h *policyHarness) versionOf(pod netip.Addr) uint32 {
 	row, _, ok := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
@@ -129,14 +143,7 @@ func TestPrivilegedPolicyRevertCostsNothing(t *testing.T) {
 		return nil
 	})
 	h.setEndpoints(after)
-	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
-		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
-		if !ok {
-			return false, watch, "no versions row"
-		}
-		tv := row.Tiers[policybpf.TierNetworkPolicy]
-		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
-	})
+	h.waitVersionFailing(pod)
 	pending := 0
 	for e := range h.entries.Prefix(h.db.ReadTxn(), PodEntries(pod)) {
 		if e.Version != v {

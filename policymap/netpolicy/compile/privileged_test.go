@@ -116,14 +116,7 @@ func TestPrivilegedPolicyChurnWhileFailing(t *testing.T) {
 	})
 	after := mustParse(t, pe("client", spec("cidr: 10.2.0.0/24, except: [10.2.0.7/32]")))
 	h.setEndpoints(after)
-	celltest.Await(t, 30*time.Second, func() (bool, <-chan struct{}, string) {
-		row, _, watch, ok := h.versionsTable.GetWatch(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
-		if !ok {
-			return false, watch, "no versions row"
-		}
-		tv := row.Tiers[policybpf.TierNetworkPolicy]
-		return tv.Failed != "" && tv.Want != tv.Active, watch, strings.Join(row.TableRow(), " ")
-	})
+	h.waitVersionFailing(pod)
 	row, _, _ := h.versionsTable.Get(h.db.ReadTxn(), PodVersionsIndex.Query(pod))
 	if msg := strings.Join(row.TableRow(), " "); !strings.Contains(msg, "refused by the test") || !strings.Contains(msg, "172.16.0.0/12") {
 		t.Errorf("the versions row does not name the failure: %s", msg)
