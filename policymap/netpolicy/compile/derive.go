@@ -104,8 +104,10 @@ type deriver[T policyRow[T], K kind[T]] struct {
 	deltas  map[string]*templateDelta
 
 	// cleanOnly are the queued pods whose replaced version goes, with
-	// nothing to recompile.
-	cleanOnly map[netip.Addr]bool
+	// nothing to recompile; cleanLater those to queue so once their write
+	// in parts is done.
+	cleanOnly  map[netip.Addr]bool
+	cleanLater map[netip.Addr]bool
 
 	// bad holds, per pod IP, its entries that cannot be encoded (for
 	// health).
@@ -205,6 +207,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 	}
 	defer versionChanges.Close()
 	d.cleanOnly = map[netip.Addr]bool{}
+	d.cleanLater = map[netip.Addr]bool{}
 	d.stamped = map[netip.Addr][]*policyTemplate{}
 	d.deltas = map[string]*templateDelta{}
 	d.changed = newChangedPods(d.endpoints, k.parentIndex())
@@ -239,6 +242,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			}
 			for _, p := range affected {
 				delete(d.cleanOnly, p) // recompiled: cleaned up too
+				delete(d.cleanLater, p)
 			}
 			d.queue.push(affected)
 		}
@@ -248,12 +252,17 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 		if clean := needsCleanup(vbatch, k.tier()); len(clean) > 0 {
 			var queued []netip.Addr
 			for _, p := range clean {
-				// A pod being written in parts is cleaned up after its
-				// write (queued anew, its write would be dropped).
-				if _, due := d.queue.due[p]; !due && d.queue.partial[p] == nil {
-					d.cleanOnly[p] = true
-					queued = append(queued, p)
+				if _, due := d.queue.due[p]; due {
+					continue // recompiled: cleaned up too
 				}
+				if d.queue.partial[p] != nil {
+					// Being written in parts: cleaned up after its write
+					// (queued anew, its write would be dropped).
+					d.cleanLater[p] = true
+					continue
+				}
+				d.cleanOnly[p] = true
+				queued = append(queued, p)
 			}
 			d.queue.push(queued)
 		}
@@ -297,6 +306,7 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			}
 			d.queue.push(d.requeue)
 			d.requeue = nil
+			d.queueCleanLater()
 		}
 		if !d.queue.empty() {
 			if canWork {
@@ -360,6 +370,23 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 			return nil
 		}
 	}
+}
+
+// queueCleanLater queues for cleanup the pods that waited for their write
+// in parts to be done.
+func (d *deriver[T, K]) queueCleanLater() {
+	queued := map[netip.Addr]struct{}{}
+	for p := range d.cleanLater {
+		if d.queue.partial[p] != nil {
+			continue
+		}
+		delete(d.cleanLater, p)
+		if _, due := d.queue.due[p]; !due {
+			d.cleanOnly[p] = true
+			queued[p] = struct{}{}
+		}
+	}
+	d.queue.push(sortedAddrs(queued))
 }
 
 // alloc hands out a new version.
