@@ -196,3 +196,41 @@ func TestPrivilegedPolicyEditFitsWhereAVersionWouldNot(t *testing.T) {
 		t.Errorf("b at version %d, want %d (edited in place)", got, v)
 	}
 }
+
+// TestPrivilegedPolicyRestartFullMap: maps exactly full (pressure 1) hold
+// two pods' policies; an agent that restarts with the same objects takes
+// them over without a key of room (a new version of every pod would need
+// twice the keys: it never came into force).
+func TestPrivilegedPolicyRestartFullMap(t *testing.T) {
+	pes := mustParse(t,
+		pe("a", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: 10.0.0.2}]\n"+
+			"  egress:\n  - {cidr: 192.168.0.0/16, ports: [{port: 443}]}\n  - {cidr: 172.16.0.0/12, ports: [{port: 443}]}\n"),
+		pe("b", "  podIsolation: [Egress]\n  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: 10.0.0.3}]\n"+
+			"  egress:\n  - {cidr: 10.0.0.0/8, except: [10.0.1.0/24]}\n"))
+	podA, podB := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	want := append(CompilePod(podA, pes[:1]), CompilePod(podB, pes[1:])...)
+	egress := 0
+	for _, e := range want {
+		if e.Map() == policybpf.PolicyEgressV4MapName {
+			egress++
+		}
+	}
+	o := harnessOptions{maxEntries: uint32(egress), args: []string{"--bpf-map-refresh-interval=1h"}}
+	first := startPolicyHarness(t, o)
+	first.setEndpoints(pes)
+	first.waitConverged(want)
+	va, vb := first.versionOf(podA), first.versionOf(podB)
+	first.stop()
+
+	o.node = first.node
+	h := startPolicyHarness(t, o)
+	ops := h.countOps()
+	h.setEndpoints(pes)
+	h.waitConverged(want)
+	if h.versionOf(podA) != va || h.versionOf(podB) != vb {
+		t.Errorf("versions %d, %d after the restart, want the earlier run's %d, %d", h.versionOf(podA), h.versionOf(podB), va, vb)
+	}
+	if n := ops(); n != 0 {
+		t.Errorf("%d map operations at a restart with the same objects, want 0", n)
+	}
+}
