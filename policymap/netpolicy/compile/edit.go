@@ -42,22 +42,22 @@ import (
 // after them (a witness), so that the switch knows when it is whole. And a
 // pod's tiers decide together (the Admin tier before the NetworkPolicy,
 // the Baseline after): a tier is edited in place only while the pod's
-// other tiers have no new version on the way, so that no packet meets one
-// tier's old state with the other's new one; otherwise the change is a new
-// version, and the switch brings the pod's pending versions into force
-// together (switch.go).
+// other tier is not being edited (othersQuiet), and a tier's new version
+// comes into force only while the other tier has neither a version nor an
+// edit being written (switchTiers), so that no packet meets one tier's
+// new or half-edited state with the other's changing one.
 //
-// An edit marks the tier Editing until every row of the version is Done
-// (switch.go), so policy-versions and health say while the kernel is not
-// yet what the pod's policy says. A pod whose objects have name rules
-// (names.go) is never edited in place: the DNS proxy releases an answer
-// once the version compiled from it is in force, which an edit does not
-// tell.
+// A tier is Editing while a row of its version in force is not in the
+// kernel (switch.go), so policy-versions and health say while the kernel
+// is not yet what the pod's policy says. A pod whose objects have name
+// rules (names.go) is never edited in place: the DNS proxy releases an
+// answer once the version compiled from it is in force, which an edit
+// does not tell.
 
 // canEdit says whether a pod's tier may be edited in place: the version in
 // force (tv.Active, with rows in this run: Want is Active) is in the kernel
-// (done), the pod's other tiers have no version on the way (quiet), and
-// no name rule's addresses are compiled in (names).
+// (done), the pod's other tier is not being edited (quiet), and no name
+// rule's addresses are compiled in (names).
 func canEdit(tv TierVersions, done, quiet bool, names bool) bool {
 	return done && quiet && !names && tv.Want == tv.Active && tv.Prev == policybpf.PolicyVersionNone &&
 		tv.Active != policybpf.PolicyVersionNone && tv.Active != policybpf.PolicyVersionClosed && tv.Failed == ""
