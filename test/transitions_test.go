@@ -203,3 +203,57 @@ func TestPrivilegedPolicyTransitionAdminKeySwapFlood(t *testing.T) {
 	n.start(map[string]string{"accept-10": accept, "deny-10-0-1": deny("10.0.1.0/24")}, 1)
 	n.swapFlood(dev, "deny-10-0-1", [2]string{deny("10.0.1.0/24"), deny("10.0.1.0/25")}, clusterTier, 30)
 }
+
+// TestPrivilegedPolicyTransitionEditFlood: edits in place under a flood.
+// Pod B allows 10.0.0.0/8 except 10.0.1.0/24, and one peer inside that
+// except, which its file swaps 30 times between 10.0.1.6 and 10.0.1.7 (a
+// peer pod replaced, as the AWS controller writes it: one key out, one in,
+// an edit of the version in force, compile/edit.go), while B floods new
+// flows to 10.0.1.5, denied by the except throughout. None may reach the
+// peer, and the version never changes.
+func TestPrivilegedPolicyTransitionEditFlood(t *testing.T) {
+	n := newTransitionNode(t)
+	const dev = "enimtr4b"
+	n.addPod("b", dev, podB)
+	with := func(peer string) string {
+		return policyEndpoint("b", podB, []string{"Egress"}, nil, []peRule{{cidr: "10.0.0.0/8", except: []string{"10.0.1.0/24"}}, {cidr: peer}})
+	}
+	peers := [2]string{"10.0.1.6/32", "10.0.1.7/32"}
+	n.start(map[string]string{"b": with(peers[0])}, 1)
+	version := n.waitNewVersion("B's first version in force", podB, networkPolicyTier, 0)
+	n.expectFlows("before the edits", "b", 20, []string{trPeer3}, []string{trDenied})
+
+	passed0, control0 := n.counters[trDenied].n.Load(), n.controls.n.Load()
+	rcvbuf0 := n.rcvbufErrors()
+	flood := n.floodNewFlows("b", dev, podB, trDenied, trPeer3, 1000, 0)
+	start := time.Now()
+	for i := range 30 {
+		came, gone := peers[(i+1)%2], peers[i%2]
+		n.write("b", with(came))
+		n.agent.WaitFor(fmt.Sprintf("edit %d in the kernel", i+1), func() bool {
+			keys := n.agent.MustDbg("bpf", "policy", "list")
+			row, ok := n.versions(podB)
+			return ok && row.settled(networkPolicyTier) && strings.Contains(keys, " "+came+" ") && !strings.Contains(keys, " "+gone+" ")
+		})
+		if row, _ := n.versions(podB); row.NetworkPolicy.Active != version {
+			t.Fatalf("edit %d: B at version %d, want %d (edited in place)", i+1, row.NetworkPolicy.Active, version)
+		}
+	}
+	took := time.Since(start)
+	sent, controls := flood.stop(t)
+	deadline := time.Now().Add(3 * time.Second)
+	for n.controls.n.Load()-control0 < controls && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	passed, gotControls, dropped := n.counters[trDenied].n.Load()-passed0, n.controls.n.Load()-control0, n.rcvbufErrors()-rcvbuf0
+	t.Logf("30 edits in %s; flood B -> %s: %d frames sent, %d passed; controls to %s: %d sent, %d arrived",
+		took.Round(time.Millisecond), trDenied, sent, passed, trPeer3, controls, gotControls)
+	if passed != 0 || dropped != 0 {
+		t.Errorf("%d of %d frames of new flows to %s (denied by every state) reached the peer (and %d dropped at its socket), want 0", passed, sent, trDenied, dropped)
+	}
+	if gotControls != controls || controls == 0 {
+		t.Errorf("controls to %s: %d sent, %d arrived: the flood's path is broken", trPeer3, controls, gotControls)
+	}
+	n.expectFlows("after the edits", "b", 20, []string{trPeer3}, []string{trDenied})
+}
