@@ -265,10 +265,9 @@ func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w 
 		for j := range tiers {
 			othersBusy = othersBusy || j != i && busy[j]
 		}
-		tv.Failed = ""
 		switch {
 		case tv.Want != tv.Active && w[i].whole && !othersBusy:
-			tv.Prev, tv.Active = tv.Active, tv.Want
+			tv.Prev, tv.Active, tv.Failed = tv.Active, tv.Want, ""
 			tv.Editing = false // the edited version is replaced
 			switched = true
 		case tv.Want != tv.Active && w[i].failure != "":
@@ -279,10 +278,15 @@ func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w 
 				tv.Active = policybpf.PolicyVersionClosed // none to keep: fail closed
 				switched = true
 			}
+		case tv.Want != tv.Active:
+			// Being written, or waiting for the other tier: what failed
+			// stays said until it is written.
 		case tv.Editing && w[i].editFailure != "":
 			tv.Failed = w[i].editFailure
 			failures = append(failures, fmt.Sprintf("%s version %s not edited whole, the pod is between the policy before and after the edit: %s",
 				tierNames[i], versionText(tv.Active), tv.Failed))
+		default:
+			tv.Failed = ""
 		}
 	}
 	return switched, failures

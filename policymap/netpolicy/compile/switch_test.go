@@ -49,6 +49,8 @@ func TestSwitchTiers(t *testing.T) {
 			[2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, false, 0},
 		{"a failing edit does not", [2]TierVersions{{Active: 1, Want: 1, Editing: true}, {Active: 3, Want: 4}}, both, [2]written{editFailed, ok},
 			[2]TierVersions{{Active: 1, Want: 1, Editing: true, Failed: "refused"}, {Prev: 3, Active: 4, Want: 4}}, true, 1},
+		{"a version being written again keeps what failed said", [2]TierVersions{{Active: 1, Want: 2, Failed: "refused"}, {}}, both, [2]written{writing, ok},
+			[2]TierVersions{{Active: 1, Want: 2, Failed: "refused"}, {}}, false, 0},
 		{"an edit of the version a new one replaces does not hold it up", [2]TierVersions{{Active: 1, Want: 2, Editing: true}, {}}, both, [2]written{{whole: true}, ok},
 			[2]TierVersions{{Prev: 1, Active: 2, Want: 2}, {}}, true, 0},
 	} {
