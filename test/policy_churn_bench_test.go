@@ -356,14 +356,17 @@ func settledRows(a *Agent) bool {
 	if err != nil {
 		return false
 	}
-	for _, status := range []string{"pending", "error"} {
-		re := regexp.MustCompile(`(?m)^enimasq_reconcile_rows\{status="` + status + `",table="policy-map-entries"\} (\d+)$`)
-		m := re.FindSubmatch(body)
-		if m == nil || string(m[1]) != "0" {
+	for _, re := range churnUnsettledRe {
+		if m := re.FindSubmatch(body); m == nil || string(m[1]) != "0" {
 			return false
 		}
 	}
 	return true
+}
+
+var churnUnsettledRe = []*regexp.Regexp{
+	regexp.MustCompile(`(?m)^enimasq_reconcile_rows\{status="pending",table="policy-map-entries"\} (\d+)$`),
+	regexp.MustCompile(`(?m)^enimasq_reconcile_rows\{status="error",table="policy-map-entries"\} (\d+)$`),
 }
 
 // checkChurnKeys checks that the ingress map holds, for each pod, exactly

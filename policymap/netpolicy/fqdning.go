@@ -124,7 +124,8 @@ func newFQDNSettings(p fqdnParams) (fqdn.Settings, error) {
 // appliedFromVersions tells fqdn when an answer is in the kernel: the
 // pod's versions of every tier asked were compiled from policy-fqdn at
 // the revision or later (TierVersions.Names), the newest is in force
-// (Active is Want, none failed) and the row is in the kernel (Done).
+// (Active is Want, none failed, every row of it in the kernel: not
+// Editing) and the row is in the kernel (Done).
 func appliedFromVersions(versions statedb.Table[*compile.PodVersions]) fqdn.Applied {
 	return appliedFunc(func(txn statedb.ReadTxn, pod netip.Addr, tiers []policybpf.PolicyTier, rev statedb.Revision) (bool, <-chan struct{}) {
 		row, _, watch, ok := versions.GetWatch(txn, compile.PodVersionsIndex.Query(pod))
@@ -136,7 +137,7 @@ func appliedFromVersions(versions statedb.Table[*compile.PodVersions]) fqdn.Appl
 		}
 		for _, t := range tiers {
 			tv := row.Tiers[t]
-			if tv.Names < rev || tv.Active != tv.Want || tv.Failed != "" {
+			if tv.Names < rev || tv.Active != tv.Want || tv.Failed != "" || tv.Editing {
 				return false, watch
 			}
 		}
