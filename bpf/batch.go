@@ -25,6 +25,7 @@ func (o *Ops[E]) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []rec
 		}
 		updateGroup(ctx, g.name, m, batch, g.idx)
 	}
+	o.written(succeeded(batch, failed)...)
 }
 
 // DeleteBatch removes the entries from their maps, one BPF_MAP_DELETE_BATCH
@@ -40,6 +41,7 @@ func (o *Ops[E]) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []rec
 		}
 		deleteGroup(ctx, g.name, m, batch, g.idx)
 	}
+	o.deleted(succeeded(batch, nil)...)
 }
 
 // mapGroup is the positions in a batch of the entries of one map.

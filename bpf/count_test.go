@@ -52,7 +52,8 @@ func spillObjects(es ...*spillingEntry) iter.Seq2[*spillingEntry, statedb.Revisi
 
 // SpillEntries is the number of distinct chunks the kernel holds, at every
 // step: chunks left by a previous run (counted when the map is set),
-// chunks shared by entries (once), chunks a prune deletes, a full map.
+// chunks shared by entries (once), chunks that go with their entry, chunks
+// a prune deletes, a full map.
 func TestPrivilegedSpillEntriesCountsTheKernelsChunks(t *testing.T) {
 	dir := GlobalsDir(celltest.MountBPFFS(t))
 	lpm := openPinnedForTest(t, IPMasqV4Spec(), dir)
@@ -105,11 +106,15 @@ func TestPrivilegedSpillEntriesCountsTheKernelsChunks(t *testing.T) {
 		t.Errorf("written: %d chunks, want 5", n)
 	}
 
-	// Deleting an entry leaves its chunks to the prune, which keeps b's.
+	// Deleting an entry deletes the chunks no other entry holds (1; b
+	// holds 2); the prune deletes the previous run's.
 	if err := ops.Delete(ctx, nil, 0, a); err != nil {
 		t.Fatal(err)
 	}
-	check("entry deleted")
+	check("entry deleted") // 100, 101, 2, 3
+	if n, _ := ops.SpillEntries(countSpillMap); n != 4 {
+		t.Errorf("entry deleted: %d chunks, want 4", n)
+	}
 	if err := ops.Prune(ctx, nil, spillObjects(b)); err != nil {
 		t.Fatal(err)
 	}
@@ -133,4 +138,109 @@ func TestPrivilegedSpillEntriesCountsTheKernelsChunks(t *testing.T) {
 	if _, ok := ops.SpillEntries(countSpillMap); ok {
 		t.Errorf("SpillEntries of a closed map: ok")
 	}
+}
+
+// A chunk goes as soon as the last entry the kernel holds with it is
+// deleted or rewritten without it, and not before: a chunk shared by two
+// entries stays while either holds it; a chunk that moves from one entry
+// to another within a batch is never deleted; an entry whose write fails
+// keeps the chunks of the value the kernel still holds; a chunk that went
+// and comes back is written again.
+func TestPrivilegedChunksGoWithTheirEntries(t *testing.T) {
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	lpm := openPinnedForTest(t, IPMasqV4Spec(), dir)
+	chunks := openPinnedForTest(t, &ebpf.MapSpec{Name: countSpillMap, Type: ebpf.Hash, KeySize: 8, ValueSize: 8,
+		MaxEntries: 4, Flags: unix.BPF_F_NO_PREALLOC}, dir)
+	ops := NewOps[*spillingEntry](map[string]*ebpf.Map{IPMasqV4MapName: lpm})
+	ops.SetSpillMap(countSpillMap)
+	ops.SetMap(countSpillMap, chunks)
+	ctx := context.Background()
+	holds := func(step string, want ...uint64) {
+		t.Helper()
+		keys, err := listKeys(chunks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[uint64]bool{}
+		for j := range keys.len() {
+			got[binary.LittleEndian.Uint64(keys.at(j))] = true
+		}
+		ok := len(got) == len(want)
+		for _, w := range want {
+			ok = ok && got[w]
+		}
+		if !ok {
+			t.Errorf("%s: the chunk map holds %v, want %v", step, got, want)
+		}
+		if n, _ := ops.SpillEntries(countSpillMap); n != len(got) {
+			t.Errorf("%s: SpillEntries = %d, the kernel holds %d", step, n, len(got))
+		}
+	}
+	update := func(es ...*spillingEntry) []reconciler.BatchEntry[*spillingEntry] {
+		batch := make([]reconciler.BatchEntry[*spillingEntry], len(es))
+		for i, e := range es {
+			batch[i].Object = e
+		}
+		ops.UpdateBatch(ctx, nil, batch)
+		return batch
+	}
+
+	a := newSpillingEntry(t, "10.0.0.0/8", 1, 2)
+	b := newSpillingEntry(t, "10.1.0.0/16", 2, 3)
+	for _, be := range update(a, b) {
+		if be.Result != nil {
+			t.Fatal(be.Result)
+		}
+	}
+	holds("written", 1, 2, 3)
+	if err := ops.Delete(ctx, nil, 0, a); err != nil {
+		t.Fatal(err)
+	}
+	holds("a deleted: 2 is b's too", 2, 3)
+
+	// b rewritten with other chunks: 2 goes; 3 moves to c in the same batch.
+	b2 := newSpillingEntry(t, "10.1.0.0/16", 4)
+	c := newSpillingEntry(t, "10.2.0.0/16", 3)
+	for _, be := range update(b2, c) {
+		if be.Result != nil {
+			t.Fatal(be.Result)
+		}
+	}
+	holds("b rewritten, 3 moved to c", 3, 4)
+
+	// A write that fails keeps what the kernel holds: c's new value has
+	// more chunks than the map takes, so c keeps its old value and 3.
+	cFull := newSpillingEntry(t, "10.2.0.0/16", 5, 6, 7, 8)
+	if err := ops.Update(ctx, nil, 0, cFull); err == nil {
+		t.Fatal("4 new chunks in a map of 4 holding 2: no error")
+	}
+	if err := ops.Delete(ctx, nil, 0, b2); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := listKeys(chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]bool{}
+	for j := range keys.len() {
+		got[binary.LittleEndian.Uint64(keys.at(j))] = true
+	}
+	if !got[3] || got[4] {
+		t.Errorf("after a failed write of c and b deleted: the chunk map holds %v, want 3 (c's, in the kernel) and not 4", got)
+	}
+	if err := ops.Prune(ctx, nil, spillObjects(c)); err != nil {
+		t.Fatal(err)
+	}
+	holds("pruned", 3)
+
+	// A chunk that went comes back with a new entry: written again.
+	if err := ops.Delete(ctx, nil, 0, c); err != nil {
+		t.Fatal(err)
+	}
+	holds("c deleted")
+	d := newSpillingEntry(t, "10.3.0.0/16", 3)
+	if err := ops.Update(ctx, nil, 0, d); err != nil {
+		t.Fatal(err)
+	}
+	holds("d written", 3)
 }

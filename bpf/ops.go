@@ -137,6 +137,7 @@ func (o *Ops[E]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 	if err := m.Put(key, value); err != nil {
 		return opError("update", name, key, err)
 	}
+	o.written(e)
 	return nil
 }
 
@@ -154,6 +155,7 @@ func (o *Ops[E]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return opError("delete", name, key, err)
 	}
+	o.deleted(e)
 	return nil
 }
 

@@ -29,6 +29,7 @@ type spillState struct {
 	maps    map[string]bool
 	written map[string]struct{}
 	held    map[string]*spillHeld // the keys each open spill map holds (count.go)
+	refs    spillRefs             // the entries that hold each chunk (spillrefs.go)
 }
 
 // SetSpillMap declares name a spill map: Prune compares its keys as they

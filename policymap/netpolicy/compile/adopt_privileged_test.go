@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -232,5 +233,70 @@ func TestPrivilegedPolicyRestartFullMap(t *testing.T) {
 	}
 	if n := ops(); n != 0 {
 		t.Errorf("%d map operations at a restart with the same objects, want 0", n)
+	}
+}
+
+// TestPrivilegedPolicyChunksGoWithTheirVersion: pods whose policies have
+// more ports than a value holds churn through 24 changes, half of them new
+// versions (an except added or removed under the cidr), half edits of the
+// version in force (the ports moved), on chunk maps of 48 entries and no
+// prune in sight: every change comes into force, and the chunk map holds
+// exactly the chunks of the final entries. Before, a version's chunks
+// stayed until the prune and the 4th or so change no longer fit.
+func TestPrivilegedPolicyChunksGoWithTheirVersion(t *testing.T) {
+	pods := []string{"10.0.0.2", "10.0.0.3", "10.0.0.4"}
+	policy := func(step int) []*endpoints.PolicyEndpoint {
+		var ports strings.Builder
+		for i := range 200 { // 200 intervals: 32 inline, 3 chunks
+			fmt.Fprintf(&ports, "{port: %d}, ", 1000+2*i+step)
+		}
+		var pes []string
+		for i, pod := range pods {
+			except := ""
+			if step%4 >= 2 {
+				except = ", except: [10.1.0.0/16]"
+			}
+			pes = append(pes, pe(fmt.Sprint("p", i), fmt.Sprintf("  podIsolation: [Egress]\n"+
+				"  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: %s}]\n"+
+				"  egress:\n  - {cidr: 10.0.0.0/8%s, ports: [%s]}\n", pod, except, strings.TrimSuffix(ports.String(), ", "))))
+		}
+		return mustParse(t, pes...)
+	}
+	compiled := func(pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
+		var out []*PolicyMapEntry
+		for i, pod := range pods {
+			out = append(out, CompilePod(netip.MustParseAddr(pod), pes[i:i+1])...)
+		}
+		return out
+	}
+	h := startPolicyHarness(t, harnessOptions{maxEntries: 48, args: []string{"--bpf-map-refresh-interval=1h"}})
+	var last []*endpoints.PolicyEndpoint
+	for step := range 24 {
+		last = policy(step)
+		h.setEndpoints(last)
+		h.waitConverged(compiled(last))
+	}
+	want := map[string]bool{}
+	for _, e := range compiled(last) {
+		for _, c := range e.Spill() {
+			want[string(c.Key)] = true
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("the final policy has no chunks")
+	}
+	chunks := h.kernelMaps()[policybpf.PolicyChunksMapName]
+	got := map[string]bool{}
+	var k []byte
+	for it := chunks.Iterate(); it.Next(&k, new([]byte)); {
+		got[string(k)] = true
+	}
+	if len(got) != len(want) {
+		t.Errorf("the chunk map holds %d chunks, the final entries %d", len(got), len(want))
+	}
+	for c := range want {
+		if !got[c] {
+			t.Errorf("chunk %x of the final entries is not in the kernel", c)
+		}
 	}
 }
