@@ -127,7 +127,9 @@ func ourCluster() *policybpf.PolicyValue {
 // (BPF_PROG_TEST_RUN, 100,000 runs a call) of enimasq's policy program
 // ("ours"), in the same run as an empty tc program (the floor), the policy
 // program before this work ("prev": fb46384's object, its 24 {protocol,
-// start_port, end_port} entries a value) and the AWS agent v1.5.0's
+// start_port, end_port} entries a value), the policy program before
+// per-pod versions ("prever": 672e45b's object, today's values under keys
+// without a version, no versions map) and the AWS agent v1.5.0's
 // handle_egress ("aws", test/awspeer), each with the same policy in its own
 // layout: one pod with 1,000 peer /32s, each with n TCP port entries
 // (1000, 1002, ...), egress. Every column is a program of its own with maps
@@ -146,7 +148,8 @@ func ourCluster() *policybpf.PolicyValue {
 // record; the reader does not run during a call); ours24evfull: events
 // on, the ring never read (full: every reservation fails). Tracked: the
 // last entry's port, a connection opened by the call's first run (ours,
-// prev and aws at 24 entries).
+// prev, prever and aws at 24 entries). prever1 and prever24 hold ours1's
+// and ours24's values (the same encoder).
 //
 // The AWS columns fill its events ring first (FillEvents), as its agent
 // runs by default (policy event logs off: the program writes an event for
@@ -156,10 +159,12 @@ func ourCluster() *policybpf.PolicyValue {
 //
 // Reported: every column as NAME-ns/pkt and NAME-x-empty, and the ratios
 // NAME-x-OTHER of ratios (ours24-x-prev24 and ours1-x-prev1 must stay at
-// most 1.2), from the medians of every call of the run; the same as a
+// most 1.2; ours1-x-prever1 and ours24-x-prever24 are what the per-pod
+// version costs), from the medians of every call of the run; the same as a
 // table on stdout, its lines starting with "#". The
-// prev columns are left out, with a log line saying why, when git or the
-// object is not there; the aws columns when clang or bpftool are missing.
+// prev and prever columns are left out, with a log line saying why, when
+// git or the object is not there (or the object is not the program
+// expected); the aws columns when clang or bpftool are missing.
 func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 	celltest.RequireRoot(b)
 	var cols []column
@@ -187,6 +192,21 @@ func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 			if n == 24 {
 				tracked := ourFrame(b, lastPort(n))
 				add("prev24tracked", func() (float64, error) { return timed(prog, tracked, runs, tcActUnspec) })
+			}
+		}
+	}
+
+	// The program before per-pod versions.
+	if spec, why := preverSpec(b); spec == nil {
+		b.Logf("prever columns skipped: %s", why)
+	} else {
+		for _, n := range []int{1, 24} {
+			prog := newPrever(b, spec, n)
+			denied := ourFrame(b, deniedPort(n))
+			add(fmt.Sprint("prever", n), func() (float64, error) { return timed(prog, denied, runs, tcActShot) })
+			if n == 24 {
+				tracked := ourFrame(b, lastPort(n))
+				add("prever24tracked", func() (float64, error) { return timed(prog, tracked, runs, tcActUnspec) })
 			}
 		}
 	}
@@ -288,7 +308,7 @@ func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 	}
 	var table strings.Builder
 	fmt.Fprintf(&table, "medians of %d calls each (%d runs a call, ns per run):\n", len(samples["empty"]), runs)
-	fmt.Fprintf(&table, "# %-14s %8s %8s  %s\n", "column", "ns/pkt", "x-empty", "ratios")
+	fmt.Fprintf(&table, "# %-15s %8s %8s  %s\n", "column", "ns/pkt", "x-empty", "ratios")
 	floor := med["empty"]
 	for _, c := range cols {
 		v := med[c.name]
@@ -306,7 +326,7 @@ func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 				rs = append(rs, fmt.Sprintf("x-%s %.2f", r[1], v/den))
 			}
 		}
-		fmt.Fprintf(&table, "# %-14s %8.1f %8.2f  %s\n", c.name, v, v/floor, strings.Join(rs, ", "))
+		fmt.Fprintf(&table, "# %-15s %8.1f %8.2f  %s\n", c.name, v, v/floor, strings.Join(rs, ", "))
 	}
 	// The table goes to stdout: the testing package cuts a benchmark's
 	// log to 10 lines.
@@ -315,6 +335,8 @@ func BenchmarkPolicyPerPacketCompared(b *testing.B) {
 
 // ratios are the pairs reported as FIRST-x-SECOND: ours to the previous
 // program at the same entries (and 30 and 1,000 entries to its cap of 24),
+// ours to the program before per-pod versions at the same entries (what
+// the version lookup costs),
 // ours to the AWS agent's at the same contents, and events on to off.
 var ratios = [][2]string{
 	{"ours1", "prev1"},
@@ -323,6 +345,9 @@ var ratios = [][2]string{
 	{"ours1000", "prev24"},
 	{"ours1000mid", "prev24"},
 	{"ours24tracked", "prev24tracked"},
+	{"ours1", "prever1"},
+	{"ours24", "prever24"},
+	{"ours24tracked", "prever24tracked"},
 	{"ours1", "aws1"},
 	{"ours24", "aws24"},
 	{"ours24tracked", "aws24tracked"},

@@ -16,25 +16,36 @@ import (
 	"github.com/enimasq/enimasq/bpf/policybpf"
 )
 
-// previousSpec is the collection of the previous program (prevCommit's
-// object, read with git), or nil and why not.
-func previousSpec(tb testing.TB) (*ebpf.CollectionSpec, string) {
+// gitSpec is the collection of object as commit holds it (read with git),
+// or nil and why not.
+func gitSpec(tb testing.TB, commit, object string) (*ebpf.CollectionSpec, string) {
 	tb.Helper()
-	out, err := exec.Command("git", "show", prevCommit+":"+prevObject).Output()
+	out, err := exec.Command("git", "show", commit+":"+object).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
 		}
-		return nil, fmt.Sprintf("git show %s:%s: %v", prevCommit, prevObject, err)
+		return nil, fmt.Sprintf("git show %s:%s: %v", commit, object, err)
 	}
-	path := filepath.Join(tb.TempDir(), "policy_bpfel.o")
+	path := filepath.Join(tb.TempDir(), commit+"_"+filepath.Base(object))
 	if err := os.WriteFile(path, out, 0o600); err != nil {
 		tb.Fatal(err)
 	}
 	spec, err := ebpf.LoadCollectionSpec(path)
 	if err != nil {
-		return nil, fmt.Sprintf("%s of %s: %v", prevObject, prevCommit, err)
+		return nil, fmt.Sprintf("%s of %s: %v", object, commit, err)
+	}
+	return spec, ""
+}
+
+// previousSpec is the collection of the previous program (prevCommit's
+// object, read with git), or nil and why not.
+func previousSpec(tb testing.TB) (*ebpf.CollectionSpec, string) {
+	tb.Helper()
+	spec, why := gitSpec(tb, prevCommit, prevObject)
+	if spec == nil {
+		return nil, why
 	}
 	m := spec.Maps[policybpf.PolicyEgressV4MapName]
 	if spec.Programs["policy_egress"] == nil || m == nil || m.ValueSize != prevEntries*12 {
