@@ -111,6 +111,7 @@ func (o *Ops[E]) account(written, deleted []E) {
 	o.spill.mu.Unlock()
 	o.deleteSpills(gone)
 }
+
 // deleteSpills deletes chunks no entry holds. A chunk that cannot be
 // deleted stays for the prune; a chunk whose entry comes back is written
 // again (it is no longer among the written ones).
