@@ -58,8 +58,12 @@ const (
 	// decides (the pod is not isolated by a NetworkPolicy).
 	PolicyBaselineAccept PolicyReason = 14
 	PolicyBaselineDeny   PolicyReason = 15
-	// PolicyIncomplete: a chunk of the pod's intervals is not in the
-	// kernel: denied, as an incomplete list cannot be judged.
+	// PolicyIncomplete: the pod's policy in force is not whole in the
+	// kernel: denied, as an incomplete policy cannot be judged. A chunk
+	// of its intervals is missing, its version in force has no key in a
+	// map of its tier (every version the agent brings into force holds
+	// the root key in each), or its first version could not be written
+	// (closed).
 	PolicyIncomplete PolicyReason = 16
 )
 
@@ -142,7 +146,7 @@ func (r PolicyReason) String() string {
 	case PolicyBaselineDeny:
 		return "denied by a Baseline-tier rule"
 	case PolicyIncomplete:
-		return "a chunk of the pod's intervals is missing"
+		return "the pod's policy in force is not whole in the maps (closed, or a key or chunk missing)"
 	default:
 		return fmt.Sprintf("PolicyReason(%d)", uint32(r))
 	}

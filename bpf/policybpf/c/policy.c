@@ -79,7 +79,7 @@
 #define REASON_ADMIN_DENY 13   /* an Admin-tier ClusterPolicyEndpoint rule denies */
 #define REASON_BASELINE_ACCEPT 14 /* a Baseline-tier rule accepts */
 #define REASON_BASELINE_DENY 15   /* a Baseline-tier rule denies */
-#define REASON_INCOMPLETE 16   /* a chunk of the pod's intervals is missing: denied */
+#define REASON_INCOMPLETE 16   /* the pod's version in force is not whole in the maps (a key or chunk missing, or closed): denied */
 
 /* Steps, in skb->cb[2] and the counters. */
 #define STEP_NONE 0
@@ -998,6 +998,15 @@ static __always_inline int decide(struct __sk_buff *skb, const struct pkt *p, co
 		key.version = versions[1];
 		cp = bpf_map_lookup_elem(egress ? (void *)&enimasq_cluster_egress_v4 : (void *)&enimasq_cluster_ingress_v4,
 					 &key);
+	}
+	/* Every version the agent brings into force holds the root key (the
+	 * whole family) in each map of its tier, both directions: a version
+	 * without a key here is not in these maps (maps replaced under it, or
+	 * a foreign writer). Closed, never judged as "no policy". */
+	if ((versions[0] && !present(np)) || (versions[1] && !present(cp))) {
+		decided(&d, REASON_INCOMPLETE, versions[1] && !present(cp) ? STEP_ADMIN : STEP_NAMESPACE, 0, NO_INTERVAL,
+			1);
+		goto out;
 	}
 	evaluate(cp, np, (f->protocol << 16) | (f->port_known ? f->port : 0), &d);
 out:
