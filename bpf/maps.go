@@ -95,6 +95,9 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 			old.Close()
 			return nil, fmt.Errorf("check pinned map %s: %w", path, err)
 		}
+		if onlySizeDiffers(spec, old) {
+			return resize(log, spec, old, path)
+		}
 		log.Warn("Replacing incompatible pinned BPF map; its entries are dropped and reconciled again",
 			"path", path,
 			"pinned", describeMap(old),
@@ -126,6 +129,73 @@ func OpenPinned(log *slog.Logger, spec *ebpf.MapSpec, dir string) (*ebpf.Map, er
 		return nil, fmt.Errorf("pin map %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// onlySizeDiffers says whether the pinned map matches spec but for its
+// max entries: the same layout, so its entries are valid in a map of spec.
+func onlySizeDiffers(spec *ebpf.MapSpec, m *ebpf.Map) bool {
+	if m.MaxEntries() == spec.MaxEntries {
+		return false
+	}
+	relaxed := spec.Copy()
+	relaxed.MaxEntries = m.MaxEntries()
+	return relaxed.Compatible(m) == nil
+}
+
+// resize replaces the pinned map old by a map of spec that holds every entry
+// of old, copied before the pin moves: a map that is only resized
+// (--policy-map-max-entries changed, what the docs advise on a full map)
+// keeps its content, so the versions in force and the programs bound to it
+// never meet a map that lacks their keys. A map too small for what old
+// holds is not made: old is kept, with a warning, and the resize waits for
+// a restart with room.
+func resize(log *slog.Logger, spec *ebpf.MapSpec, old *ebpf.Map, path string) (*ebpf.Map, error) {
+	entries, err := Entries(KernelMap{old})
+	if err != nil {
+		old.Close()
+		return nil, fmt.Errorf("resize pinned map %s: read its entries: %w", path, err)
+	}
+	if len(entries) > int(spec.MaxEntries) {
+		log.Warn("Pinned BPF map holds more entries than its new size: kept at its old size",
+			"path", path, "entries", len(entries), "pinned", describeMap(old), "wanted", DescribeSpec(spec))
+		return old, nil
+	}
+	m, err := NewUnpinnedMap(spec)
+	if err != nil {
+		old.Close()
+		return nil, err
+	}
+	fail := func(err error) (*ebpf.Map, error) {
+		m.Close()
+		old.Close()
+		return nil, fmt.Errorf("resize pinned map %s: %w", path, err)
+	}
+	for _, e := range entries {
+		if err := m.Put(e.Key, e.Value); err != nil {
+			return fail(fmt.Errorf("copy key %x: %w", e.Key, err))
+		}
+	}
+	// rename(2) in a bpffs replaces the pin in one step: the path never
+	// names no map, nor one without the entries.
+	tmp := path + "_resizing" // bpffs names have no dot
+	os.Remove(tmp)
+	if err := m.Pin(tmp); err != nil {
+		return fail(fmt.Errorf("pin %s: %w", tmp, err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		m.Unpin()
+		return fail(fmt.Errorf("rename %s: %w", tmp, err))
+	}
+	log.Info("Resized pinned BPF map: its entries copied into the new one",
+		"path", path, "entries", len(entries), "from", describeMap(old), "to", DescribeSpec(spec))
+	old.Close()
+	// A handle that knows its pin's path (m's names the temporary one).
+	pinned, err := ebpf.LoadPinnedMap(path, nil)
+	m.Close()
+	if err != nil {
+		return nil, fmt.Errorf("resize pinned map %s: open it again: %w", path, err)
+	}
+	return pinned, nil
 }
 
 // onlyReadOnlyProgDiffers says whether the pinned map matches spec but for

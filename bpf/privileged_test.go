@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -220,33 +221,83 @@ func TestPrivilegedOpenPinned(t *testing.T) {
 		t.Errorf("unexpected log output: %s", logBuf.String())
 	}
 
-	// An incompatible pin (other max entries) is replaced, with a warning.
+	// Another size is the same map resized: a new map, its entries copied
+	// before the pin moves to it.
 	bigger := IPMasqV4Spec()
 	bigger.MaxEntries = 2 * IPMasqMaxEntries
 	m3, err := OpenPinned(log, bigger, dir)
 	if err != nil {
-		t.Fatalf("replace: %v", err)
+		t.Fatalf("resize: %v", err)
 	}
 	defer m3.Close()
 	if m3.MaxEntries() != 2*IPMasqMaxEntries {
-		t.Errorf("replacement has max entries %d", m3.MaxEntries())
+		t.Errorf("resized map has max entries %d", m3.MaxEntries())
 	}
-	if err := m3.Lookup(key, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("replacement map is not fresh: %v", err)
+	if err := m3.Lookup(key, &v); err != nil || v != 1 {
+		t.Errorf("resized map lost its entry: %d, %v", v, err)
 	}
 	out := logBuf.String()
-	for _, want := range []string{"level=WARN", "Replacing incompatible pinned BPF map", "max=16384", "max=32768", filepath.Join(dir, IPMasqV4MapName)} {
+	for _, want := range []string{"level=INFO", "Resized pinned BPF map", "entries=1", "max=16384", "max=32768", filepath.Join(dir, IPMasqV4MapName)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log %q does not mention %q", out, want)
+		}
+	}
+	pinnedMax := func() uint32 {
+		t.Helper()
+		pinned, err := ebpf.LoadPinnedMap(filepath.Join(dir, IPMasqV4MapName), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pinned.Close()
+		return pinned.MaxEntries()
+	}
+	if got := pinnedMax(); got != 2*IPMasqMaxEntries {
+		t.Errorf("pin still points at the old map (max entries %d)", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, IPMasqV4MapName+"_resizing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary pin left behind: %v", err)
+	}
+
+	// Too small for what it holds: kept as it is, with a warning.
+	logBuf.Reset()
+	key2, _ := EncodePrefix(netip.MustParsePrefix("172.16.0.0/12"))
+	if err := m3.Put(key2, uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	tiny := IPMasqV4Spec()
+	tiny.MaxEntries = 1
+	m4, err := OpenPinned(log, tiny, dir)
+	if err != nil {
+		t.Fatalf("shrink: %v", err)
+	}
+	defer m4.Close()
+	if m4.MaxEntries() != 2*IPMasqMaxEntries || pinnedMax() != 2*IPMasqMaxEntries {
+		t.Errorf("a map of 1 entry replaced one holding 2 (max entries %d)", m4.MaxEntries())
+	}
+	if out := logBuf.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "kept at its old size") {
+		t.Errorf("no warning for a shrink that does not fit: %q", out)
+	}
+
+	// Another layout is replaced by a fresh map, with a warning.
+	logBuf.Reset()
+	other := IPMasqV4Spec()
+	other.ValueSize = 2
+	m5, err := OpenPinned(log, other, dir)
+	if err != nil {
+		t.Fatalf("replace: %v", err)
+	}
+	defer m5.Close()
+	if m5.ValueSize() != 2 {
+		t.Errorf("replacement has value size %d", m5.ValueSize())
+	}
+	if err := m5.Lookup(key, make([]byte, 2)); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("replacement map is not fresh: %v", err)
+	}
+	out = logBuf.String()
+	for _, want := range []string{"level=WARN", "Replacing incompatible pinned BPF map", "value=1", "value=2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("warning %q does not mention %q", out, want)
 		}
-	}
-	pinned, err := ebpf.LoadPinnedMap(filepath.Join(dir, IPMasqV4MapName), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pinned.Close()
-	if pinned.MaxEntries() != 2*IPMasqMaxEntries {
-		t.Errorf("pin still points at the old map (max entries %d)", pinned.MaxEntries())
 	}
 }
 
