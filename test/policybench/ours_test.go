@@ -67,6 +67,9 @@ func stateMap(tb testing.TB, name string) *ebpf.Map {
 	return newMap(tb, spec)
 }
 
+// oursVersion is the version of the pod's policy in force.
+const oursVersion = 7
+
 // newOurs loads the program with the NetworkPolicy entries on each of the
 // pod's peer prefixes and, if cp is not nil, cp on its cluster key
 // (clusterPeer).
@@ -92,7 +95,7 @@ func newOurs(tb testing.TB, entries []policybpf.PortEntry, cp *policybpf.PolicyV
 				tb.Fatal(err)
 			}
 		}
-		key, err := bpf.EncodePolicyKey(pod, peer)
+		key, err := bpf.AppendPolicyKeyVersion(nil, pod, oursVersion, peer)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -111,6 +114,21 @@ func newOurs(tb testing.TB, entries []policybpf.PortEntry, cp *policybpf.PolicyV
 		put(maps[policybpf.ClusterEgressV4MapName], maps[policybpf.ClusterChunksMapName], clusterPeer, cp)
 	}
 	if err := policybpf.SetPolicyMode(maps[policybpf.PolicyModeMapName], mode); err != nil {
+		tb.Fatal(err)
+	}
+	// The pod's versions in force, as the agent writes them: the
+	// NetworkPolicy tier at oursVersion, the cluster tier too when it has
+	// rules (none otherwise).
+	clusterVersion := policybpf.PolicyVersionNone
+	if cp != nil {
+		clusterVersion = oursVersion
+	}
+	versions, err := policybpf.PolicyVersionsSpec()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	maps[policybpf.PolicyVersionsMapName] = newMap(tb, versions)
+	if err := maps[policybpf.PolicyVersionsMapName].Put(policybpf.PolicyPodKey(pod), policybpf.EncodePolicyVersions(oursVersion, clusterVersion)); err != nil {
 		tb.Fatal(err)
 	}
 	prog, err := policybpf.LoadPolicyProgram(maps)
