@@ -53,6 +53,7 @@ var Cell = cell.Group(
 		newKernelMaps,
 	),
 	cell.Invoke(
+		registerMigration, // before any map is opened (migrate.go)
 		registerMaps[*endpoints.PolicyEndpoint, policyKind],
 		registerMaps[*endpoints.ClusterPolicyEndpoint, clusterKind],
 		registerVersions,
