@@ -74,7 +74,9 @@ func migrateVersionless(log *slog.Logger, dir string, families []bpf.Family, max
 	keys := 0
 	for i, names := range [len(tiers)]func(policybpf.Direction, bpf.Family) *ebpf.MapSpec{
 		func(d policybpf.Direction, f bpf.Family) *ebpf.MapSpec { return policyKind{}.mapSpec(d, f, maxEntries) },
-		func(d policybpf.Direction, f bpf.Family) *ebpf.MapSpec { return clusterKind{}.mapSpec(d, f, maxEntries) },
+		func(d policybpf.Direction, f bpf.Family) *ebpf.MapSpec {
+			return clusterKind{}.mapSpec(d, f, maxEntries)
+		},
 	} {
 		for _, f := range families {
 			for _, d := range []policybpf.Direction{policybpf.Egress, policybpf.Ingress} {
