@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/enimasq/enimasq/bpf"
+	"github.com/enimasq/enimasq/cells/celltest"
 )
 
 // A pod whose version in force has no key in a map of its tier (the maps
@@ -14,6 +15,7 @@ import (
 // is in each map of the tier. Version 0 (no policy of the tier) is not
 // looked up as missing.
 func TestPrivilegedPolicyVersionNotInTheMapsIsClosed(t *testing.T) {
+	celltest.RequireRoot(t)
 	maps := newProgramMaps(t)
 	vspec, err := PolicyVersionsSpec()
 	if err != nil {

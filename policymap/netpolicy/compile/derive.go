@@ -249,6 +249,14 @@ func (d *deriver[T, K]) run(ctx context.Context, health cell.Health) error {
 		// Pods whose last switch is in the kernel: the version it
 		// replaced goes (cleanup).
 		vbatch, versionWatch := versionChanges.Next(d.db.ReadTxn())
+		// Pods whose new version waited for room (room.go) are written
+		// now.
+		if released := d.state.takeReleased(k.tier()); len(released) > 0 {
+			for _, p := range released {
+				delete(d.stamped, p) // its newest rows went: diffed whole
+			}
+			d.queue.push(released)
+		}
 		if clean := needsCleanup(vbatch, k.tier()); len(clean) > 0 {
 			var queued []netip.Addr
 			for _, p := range clean {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -43,6 +44,9 @@ type versionSwitch struct {
 	failed map[netip.Addr]string
 	// edits are the rows of edits in place not in the kernel yet.
 	edits pendingEdits
+	// room is what the switch knows of new versions short of room
+	// (room.go).
+	room *roomState
 }
 
 // switchPart is how many pods the switch looks at in one transaction.
@@ -87,6 +91,8 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 	}
 	s.failed = map[netip.Addr]string{}
 	s.edits = pendingEdits{}
+	s.room = newRoomState()
+	var roomTimer <-chan time.Time
 	var initialized [len(tiers)]bool
 	for {
 		txn := s.db.ReadTxn()
@@ -129,6 +135,14 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 				s.work(txn, pods[:n], initialized)
 				pods = pods[n:]
 			}
+		}
+		if len(dirty) > 0 || roomTimer != nil {
+			roomTimer = nil
+			if again := s.balance(time.Now()); !again.IsZero() {
+				roomTimer = time.After(time.Until(again))
+			}
+		}
+		if len(dirty) > 0 {
 			s.report(health)
 		}
 		var init0, init1 <-chan struct{}
@@ -144,11 +158,21 @@ func (s *versionSwitch) run(ctx context.Context, health cell.Health) error {
 		case <-cw:
 		case <-init0:
 		case <-init1:
+		case <-roomTimer:
+			roomTimer = closedTimer // balanced in the next round
 		case <-ctx.Done():
 			return nil
 		}
 	}
 }
+
+// closedTimer is a timer channel that has fired: the switch balances the
+// room in its next round.
+var closedTimer = func() <-chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
 
 // work looks at the pods: cleans up after a switch that is in the kernel,
 // and switches the tiers whose newest version is whole. seen is the
@@ -185,6 +209,11 @@ func (s *versionSwitch) work(seen statedb.ReadTxn, pods []netip.Addr, initialize
 			written[i].edit, written[i].editFailure = s.edits.whole(tier, pod, tv.Active)
 		}
 		switched, failures := switchTiers(&next.Tiers, initialized, written)
+		for i := range tiers {
+			if initialized[i] {
+				s.room.note(i, pod, next.Tiers[i])
+			}
+		}
 		if len(failures) > 0 {
 			s.failed[pod] = fmt.Sprintf("pod %s (%s): %s", pod, s.objects(txn, pod), strings.Join(failures, "; "))
 		} else {
@@ -281,6 +310,10 @@ func switchTiers(tvs *[len(tiers)]TierVersions, initialized [len(tiers)]bool, w 
 		case tv.Want != tv.Active:
 			// Being written, or waiting for the other tier: what failed
 			// stays said until it is written.
+		case tv.Waiting:
+			// Taken back for want of room (room.go): said until the
+			// switch lets it be written again.
+			failures = append(failures, tierNames[i]+" "+tv.Failed)
 		case tv.Editing && w[i].editFailure != "":
 			tv.Failed = w[i].editFailure
 			failures = append(failures, fmt.Sprintf("%s version %s not edited whole, the pod is between the policy before and after the edit: %s",

@@ -64,6 +64,11 @@ type policyVersions struct {
 	// tier by the derivers (adopt.go).
 	adoptable adoptable
 
+	// released are, per tier, the pods whose new version waited for room
+	// and may be written now (room.go): the switch adds, the tier's
+	// deriver takes them (under mu).
+	released [len(tiers)][]netip.Addr
+
 	// table is policy-versions (set at registration): the prune keeps a
 	// version's keys only while the run has not taken it over.
 	db    *statedb.DB
@@ -480,4 +485,21 @@ func versionsMapSpec() (*ebpf.MapSpec, error) {
 		return nil, fmt.Errorf("versions map: %w", err)
 	}
 	return spec, nil
+}
+
+// release hands pods whose new version waited for room to the tier's
+// deriver.
+func (v *policyVersions) release(tier policybpf.PolicyTier, pods ...netip.Addr) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.released[tier] = append(v.released[tier], pods...)
+}
+
+// takeReleased returns the pods of the tier released since the last call.
+func (v *policyVersions) takeReleased(tier policybpf.PolicyTier) []netip.Addr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := v.released[tier]
+	v.released[tier] = nil
+	return out
 }

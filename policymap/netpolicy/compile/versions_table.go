@@ -42,6 +42,11 @@ type TierVersions struct {
 	// policy before and after the edit; the switch clears it once every
 	// row of Active is Done.
 	Editing bool `json:",omitempty"`
+	// Waiting says that the pod's new version waits for room in the maps
+	// (room.go): it did not fit beside other pods' new versions, and was
+	// taken back so that an older one could be written whole; the deriver
+	// writes it again once the switch lets it.
+	Waiting bool `json:",omitempty"`
 	// Failed is why Want cannot come into force (an entry the kernel
 	// refuses), or why an edit of Active cannot be written whole, while
 	// it cannot.
@@ -60,6 +65,8 @@ func (t TierVersions) text() string {
 		s += " (" + versionText(t.Want) + " pending)"
 	case t.Editing:
 		s += " (editing)"
+	case t.Waiting:
+		s += " (waiting for room)"
 	}
 	return s
 }
@@ -102,7 +109,7 @@ func (v *PodVersions) SetStatus(s reconciler.Status) *PodVersions {
 // version in force, no older one left.
 func (v *PodVersions) settled() bool {
 	for _, t := range v.Tiers {
-		if t.Want != t.Active || t.Prev != 0 || t.Editing {
+		if t.Want != t.Active || t.Prev != 0 || t.Editing || t.Waiting {
 			return false
 		}
 	}

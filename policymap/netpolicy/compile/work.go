@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/statedb"
 
+	"github.com/enimasq/enimasq/bpf/policybpf"
+
 	"github.com/enimasq/enimasq/policymap/netpolicy/endpoints"
 )
 
@@ -66,6 +68,11 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 				if w, next, ok = d.adopt(pod, tv, done, quiet && !named, desired); !ok {
 					w, next, _ = diffPod(before, d.entries, pod, tv, done, edit, desired, d.alloc)
 				}
+			}
+			if tv.Waiting && next.Want != tv.Want && next.Want != policybpf.PolicyVersionNone {
+				// A new version waiting for room (room.go): written once
+				// the switch releases the pod (it is queued again).
+				continue
 			}
 			next.Names = max(next.Names, names)
 			if next != tv {
