@@ -59,7 +59,8 @@ func (o *Ops[E]) recountSpill(name string, m Map) {
 		o.spill.held = map[string]*spillHeld{}
 	}
 	h := o.spill.held[name]
-	if h == nil {
+	first := h == nil
+	if first {
 		h = &spillHeld{keys: map[string]struct{}{}}
 		o.spill.held[name] = h
 	}
@@ -81,6 +82,28 @@ func (o *Ops[E]) recountSpill(name string, m Map) {
 	held := make(map[string]struct{}, keys.len()+len(written))
 	for j := range keys.len() {
 		held[string(keys.at(j))] = struct{}{}
+	}
+	// The chunks the map held when it was set are an earlier run's (or
+	// another writer's): entries this run did not write may use them, so
+	// they go only at a prune (spillrefs.go), and are forgotten once a
+	// prune took them.
+	if first {
+		pre := make(map[string]struct{}, len(held))
+		for k := range held {
+			if _, w := written[k]; !w {
+				pre[k] = struct{}{}
+			}
+		}
+		if o.spill.pre == nil {
+			o.spill.pre = map[string]map[string]struct{}{}
+		}
+		o.spill.pre[name] = pre
+	} else {
+		for k := range o.spill.pre[name] {
+			if _, ok := held[k]; !ok {
+				delete(o.spill.pre[name], k)
+			}
+		}
 	}
 	for k := range written {
 		held[k] = struct{}{}

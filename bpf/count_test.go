@@ -244,3 +244,41 @@ func TestPrivilegedChunksGoWithTheirEntries(t *testing.T) {
 	}
 	holds("d written", 3)
 }
+
+// A chunk the map held when it was set may be held by an entry this run
+// never wrote (an earlier run's version in force): an entry of this run
+// that writes and deletes it does not take it along; the prune decides.
+func TestPrivilegedChunksOfAnEarlierRunStay(t *testing.T) {
+	dir := GlobalsDir(celltest.MountBPFFS(t))
+	lpm := openPinnedForTest(t, IPMasqV4Spec(), dir)
+	chunks := openPinnedForTest(t, &ebpf.MapSpec{Name: countSpillMap, Type: ebpf.Hash, KeySize: 8, ValueSize: 8,
+		MaxEntries: 4, Flags: unix.BPF_F_NO_PREALLOC}, dir)
+	se := countChunk(100)
+	if err := chunks.Put(se.Key, se.Value); err != nil {
+		t.Fatal(err)
+	}
+	ops := NewOps[*spillingEntry](map[string]*ebpf.Map{IPMasqV4MapName: lpm})
+	ops.SetSpillMap(countSpillMap)
+	ops.SetMap(countSpillMap, chunks)
+	ctx := context.Background()
+	e := newSpillingEntry(t, "10.0.0.0/8", 100, 1)
+	if err := ops.Update(ctx, nil, 0, e); err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.Delete(ctx, nil, 0, e); err != nil {
+		t.Fatal(err)
+	}
+	var v []byte
+	if err := chunks.Lookup(se.Key, &v); err != nil {
+		t.Errorf("the earlier run's chunk went with an entry of this run: %v", err)
+	}
+	if err := chunks.Lookup(countChunk(1).Key, &v); err == nil {
+		t.Errorf("this run's own chunk stayed after its last entry")
+	}
+	if err := ops.Prune(ctx, nil, spillObjects()); err != nil {
+		t.Fatal(err)
+	}
+	if err := chunks.Lookup(se.Key, &v); err == nil {
+		t.Errorf("the prune kept a chunk no entry desires")
+	}
+}

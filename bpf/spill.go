@@ -30,6 +30,9 @@ type spillState struct {
 	written map[string]struct{}
 	held    map[string]*spillHeld // the keys each open spill map holds (count.go)
 	refs    spillRefs             // the entries that hold each chunk (spillrefs.go)
+	// pre are, per spill map, the chunks it held when it was set and
+	// still holds: never deleted by refs (count.go).
+	pre map[string]map[string]struct{}
 }
 
 // SetSpillMap declares name a spill map: Prune compares its keys as they

@@ -20,7 +20,10 @@ import (
 //
 // Chunks no entry of this run wrote (an earlier run's, or written for an
 // entry whose own write then failed) are not counted: the prune deletes
-// them against the desired objects, as before.
+// them against the desired objects, as before. Nor are those the map held
+// when it was set, even once entries of this run hold them too: entries
+// this run never wrote (an earlier run's versions in force, kept until
+// taken over) may hold them, and only the prune knows which it keeps.
 
 // spillRefs is the counts, kept under spillState.mu.
 type spillRefs struct {
@@ -127,7 +130,8 @@ func (o *Ops[E]) deleteSpills(ids []string) {
 			continue
 		}
 		o.spill.mu.Lock()
-		if o.spill.refs.count[id] > 0 { // held again meanwhile
+		_, pre := o.spill.pre[name][key]
+		if o.spill.refs.count[id] > 0 || pre { // held again meanwhile, or maybe by an entry of an earlier run
 			o.spill.mu.Unlock()
 			continue
 		}

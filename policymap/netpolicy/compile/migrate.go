@@ -33,10 +33,12 @@ import (
 // The run then takes the versions over as it does after any restart
 // (adopt.go): nothing is written anew where the inputs did not change.
 //
-// Migration happens only on a node without a versions map (one that ran
-// the release before versions last): anywhere else a map of another layout
-// is replaced by an empty one (bpf.OpenPinned), and the program closes a
-// pod whose version has no key in it.
+// The versions map is made only on a node without one (one that ran the
+// release before versions last); maps of that release found beside a
+// versions map (a migration that stopped midway) are migrated without it.
+// Any other map of another layout is replaced by an empty one
+// (bpf.OpenPinned), and the program closes a pod whose version has no key
+// in it.
 
 // migratedVersion is the version of the migrated keys.
 const migratedVersion uint32 = 1
@@ -66,9 +68,12 @@ func migrateVersionless(log *slog.Logger, dir string, families []bpf.Family, max
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(dir, versionsSpec.Name)); !errors.Is(err, os.ErrNotExist) {
-		return nil // a node of this release, or one that cannot be read: nothing to migrate
-	}
+	// A node with a versions map is of this release, or one whose
+	// migration stopped midway (after the versions map, which goes
+	// first): maps of the release before are migrated all the same, and
+	// the versions map is left as it is.
+	_, err = os.Stat(filepath.Join(dir, versionsSpec.Name))
+	haveVersions := !errors.Is(err, os.ErrNotExist)
 	var found []versionlessMap
 	pods := map[netip.Addr]*[len(tiers)]uint32{}
 	keys := 0
@@ -97,8 +102,21 @@ func migrateVersionless(log *slog.Logger, dir string, families []bpf.Family, max
 	if len(found) == 0 {
 		return nil
 	}
+	if haveVersions {
+		for _, m := range found {
+			if err := replaceWith(m, filepath.Join(dir, m.spec.Name)); err != nil {
+				return fmt.Errorf("migrate %s: %w", m.spec.Name, err)
+			}
+		}
+		log.Info("Migrated the policy maps of the release before versions left by a migration that stopped midway",
+			"maps", len(found), "keys", keys, "version", migratedVersion)
+		return nil
+	}
 	// The versions first: pinned before any migrated map, so that a
-	// program loaded meanwhile never finds keys at a version no pod has.
+	// program loaded meanwhile never finds keys at a version no pod has
+	// (a pod whose keys are in a map that could not be migrated is at
+	// that version without them: closed in that direction, never open,
+	// until this run writes its policy).
 	versions, err := bpf.NewUnpinnedMap(versionsSpec)
 	if err != nil {
 		return err

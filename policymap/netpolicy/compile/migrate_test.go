@@ -132,11 +132,41 @@ func TestPrivilegedMigrateVersionless(t *testing.T) {
 		}
 	}
 
-	// Once the versions map exists, nothing is migrated again.
+	// Migrated maps are not migrated again.
 	if err := migrateVersionless(log, dir, []bpf.Family{bpf.IPv4}, maxEntries); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(read(policybpf.PolicyEgressV4MapName)); n != 3 {
 		t.Errorf("a second migration changed %s: %d keys", policybpf.PolicyEgressV4MapName, n)
+	}
+
+	// A migration that stopped after the versions map: the map of the
+	// release before left is migrated, the versions map kept.
+	spec := policyKind{}.mapSpec(policybpf.Egress, bpf.IPv4, maxEntries).Copy()
+	spec.KeySize -= bpf.PolicyVersionSize
+	left, err := bpf.NewUnpinnedMap(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer left.Close()
+	if err := left.Put(oldKey(a, root), value(1)); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, spec.Name)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := left.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrateVersionless(log, dir, []bpf.Family{bpf.IPv4}, maxEntries); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := bpf.AppendPolicyKeyVersion(nil, a, migratedVersion, root)
+	if got := read(spec.Name); len(got) != 1 || string(got[0].Key) != string(k) {
+		t.Errorf("%s left by a stopped migration: %x, want %x", spec.Name, got, k)
+	}
+	if n := len(read(policybpf.PolicyVersionsMapName)); n != len(wantVersions) {
+		t.Errorf("versions map after a resumed migration: %d entries, want %d", n, len(wantVersions))
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/sys/unix"
 
 	"github.com/enimasq/enimasq/bpf/policybpf"
@@ -30,16 +29,11 @@ import (
 // version in force, which is whole), and the deriver writes them again
 // once no new version of the tier is short of room. Each round brings at
 // least the oldest one into force, which frees its old version's room:
-// every pod whose new version fits beside the others' in force converges.
-// One that has been short of room alone for roomTurn either fits in place
-// of its version in force (in every map, its refused keys are no more
-// than the keys in force): the pod is then closed (every packet denied,
-// as a pod whose first version is not whole), its old version's keys go,
-// and the new version takes their room and comes into force; so at any
-// pressure every change applies, through a closed moment at worst. Or it
-// does not fit even so: it keeps its version in force (the module
-// Degraded, naming it), and does not hold the others, which are let go
-// (it is passed over: tried).
+// every pod whose new version fits beside the others' in force converges,
+// one after the other if need be. One that does not fit even alone keeps
+// its version in force (the module Degraded, naming it) and does not hold
+// the others: after roomTurn alone it is passed over (tried) and the
+// waiting ones are let go.
 //
 // Only a pod with a version in force is taken back: a pod without one is
 // closed (fail closed) until its first version is whole.
@@ -48,8 +42,18 @@ import (
 // written before the waiting ones get their turn again.
 const roomTurn = 2 * time.Second
 
-// noRoom is the text of the kernel's error for a full map.
-var noRoom = unix.ENOSPC.Error()
+// noRoom are the texts of the kernel's errors for a full map: an LPM trie
+// says ENOSPC, a hash without preallocation (a chunk map) E2BIG.
+var noRoom = []string{unix.ENOSPC.Error(), unix.E2BIG.Error()}
+
+func isNoRoom(failed string) bool {
+	for _, t := range noRoom {
+		if strings.Contains(failed, t) {
+			return true
+		}
+	}
+	return false
+}
 
 // roomState is what the switch knows of the tiers' new versions short of
 // room.
@@ -78,7 +82,7 @@ func newRoomState() *roomState {
 // note records a pod's tier as the switch left it.
 func (r *roomState) note(i int, pod netip.Addr, tv TierVersions) {
 	active := tv.Active != policybpf.PolicyVersionNone && tv.Active != policybpf.PolicyVersionClosed
-	if tv.Want != tv.Active && active && strings.Contains(tv.Failed, noRoom) {
+	if tv.Want != tv.Active && active && isNoRoom(tv.Failed) {
 		r.short[i][pod] = tv.Want
 	} else {
 		delete(r.short[i], pod)
@@ -94,21 +98,15 @@ func (r *roomState) note(i int, pod netip.Addr, tv TierVersions) {
 // those taken back before, tried those passed over; aloneTooLong says that
 // one new version has been short of room alone for roomTurn. passed is the
 // pod passed over now, if any.
-func planRoom(short map[netip.Addr]uint32, waiting, tried map[netip.Addr]bool, aloneTooLong, closable bool) (park, unpark []netip.Addr, passed, closeThrough netip.Addr) {
+func planRoom(short map[netip.Addr]uint32, waiting, tried map[netip.Addr]bool, aloneTooLong bool) (park, unpark []netip.Addr, passed netip.Addr) {
 	switch {
 	case len(short) == 0:
 		unpark = sortedKeys(waiting)
 	case len(short) == 1:
-		var pod netip.Addr
-		for p := range short {
-			pod = p
-		}
-		switch {
-		case !aloneTooLong:
-		case closable:
-			closeThrough = pod
-		case len(waiting) > 0:
-			passed = pod
+		if aloneTooLong && len(waiting) > 0 {
+			for pod := range short {
+				passed = pod
+			}
 			unpark = sortedKeys(waiting)
 		}
 	default:
@@ -138,7 +136,7 @@ func planRoom(short map[netip.Addr]uint32, waiting, tried map[netip.Addr]bool, a
 			}
 		}
 	}
-	return park, unpark, passed, closeThrough
+	return park, unpark, passed
 }
 
 func sortedKeys(m map[netip.Addr]bool) []netip.Addr {
@@ -156,20 +154,13 @@ func sortedKeys(m map[netip.Addr]bool) []netip.Addr {
 // to look again (zero: only on changes).
 func (s *versionSwitch) balance(now time.Time) (again time.Time) {
 	r := s.room
-	var plans [len(tiers)]struct {
-		park, unpark []netip.Addr
-		close        netip.Addr
-	}
+	var plans [len(tiers)]struct{ park, unpark []netip.Addr }
 	any := false
-	txn := s.db.ReadTxn()
-	for i, tier := range tiers {
-		closable := false
-		if len(r.short[i]) == 1 {
+	for i := range tiers {
+		// Alone: one version short of room while others wait for it.
+		if len(r.short[i]) == 1 && len(r.waiting[i]) > 0 {
 			if r.alone[i].IsZero() {
 				r.alone[i] = now
-			}
-			for pod, v := range r.short[i] {
-				closable = s.fitsIfClosed(txn, tier, pod, v)
 			}
 		} else {
 			r.alone[i] = time.Time{}
@@ -177,16 +168,13 @@ func (s *versionSwitch) balance(now time.Time) (again time.Time) {
 		if len(r.short[i]) == 0 {
 			clear(r.tried[i])
 		}
-		park, unpark, passed, closeThrough := planRoom(r.short[i], r.waiting[i], r.tried[i],
-			!r.alone[i].IsZero() && now.Sub(r.alone[i]) >= roomTurn, closable)
+		park, unpark, passed := planRoom(r.short[i], r.waiting[i], r.tried[i], !r.alone[i].IsZero() && now.Sub(r.alone[i]) >= roomTurn)
 		if passed.IsValid() {
 			r.tried[i][passed] = true
-		}
-		if passed.IsValid() || closeThrough.IsValid() {
 			r.alone[i] = time.Time{}
 		}
-		plans[i].park, plans[i].unpark, plans[i].close = park, unpark, closeThrough
-		any = any || len(park) > 0 || len(unpark) > 0 || closeThrough.IsValid()
+		plans[i].park, plans[i].unpark = park, unpark
+		any = any || len(park) > 0 || len(unpark) > 0
 		if !r.alone[i].IsZero() {
 			if t := r.alone[i].Add(roomTurn); again.IsZero() || t.Before(again) {
 				again = t
@@ -232,19 +220,6 @@ func (s *versionSwitch) balance(now time.Time) (again time.Time) {
 			delete(r.short[i], pod)
 			r.waiting[i][pod] = true
 		}
-		if pod := plans[i].close; pod.IsValid() {
-			if row, _, ok := s.versions.Get(wtxn, PodVersionsIndex.Query(pod)); ok && row.Tiers[i].Want != row.Tiers[i].Active {
-				next := row.Clone()
-				tv := &next.Tiers[i]
-				s.log.Warn("Pod closed while its new policy version is written: the maps have room for it only in place of the version in force",
-					"pod", pod, "tier", tierNames[i], "version", tv.Want, "closed", tv.Active)
-				tv.Prev, tv.Active = tv.Active, policybpf.PolicyVersionClosed
-				tv.Failed = fmt.Sprintf("closed while version %s is written in place of %s (no room for both; %s)",
-					versionText(tv.Want), versionText(tv.Prev), strings.TrimSpace(tv.Failed))
-				s.versions.Insert(wtxn, next.SetStatus(reconciler.StatusPending()))
-				delete(r.short[i], pod)
-			}
-		}
 		for _, pod := range plans[i].unpark {
 			delete(r.waiting[i], pod)
 			row, _, ok := s.versions.Get(wtxn, PodVersionsIndex.Query(pod))
@@ -257,45 +232,16 @@ func (s *versionSwitch) balance(now time.Time) (again time.Time) {
 			released[i] = append(released[i], pod)
 		}
 	}
-	wtxn.Commit()
-	// Handed to the derivers once committed: they write the new versions
-	// again from a snapshot where the pods wait no more (the change wakes
-	// them).
+	// Handed to the derivers before the commit, which wakes them: a
+	// deriver that takes them early reads their rows in its own write
+	// transaction, which waits for this one.
 	for i, tier := range tiers {
 		if len(released[i]) > 0 {
 			s.state.release(tier, released[i]...)
 		}
 	}
+	wtxn.Commit()
 	return again
-}
-
-// fitsIfClosed says whether a pod's new version v of a tier, short of
-// room, would fit once its version in force is gone: in every map, its
-// rows the kernel refused are no more than the rows in force. Then the
-// pod may be closed while v is written (nothing is more closed), and its
-// old version's room goes to v.
-func (s *versionSwitch) fitsIfClosed(txn statedb.ReadTxn, tier policybpf.PolicyTier, pod netip.Addr, v uint32) bool {
-	row, _, ok := s.versions.Get(txn, PodVersionsIndex.Query(pod))
-	if !ok {
-		return false
-	}
-	active := row.Tiers[tier].Active
-	refused, held := map[string]int{}, map[string]int{}
-	for r := range s.rows(txn, tier, pod) {
-		m, _, _ := strings.Cut(r.what, " ")
-		switch {
-		case r.version == v && r.status.Kind == reconciler.StatusKindError:
-			refused[m]++
-		case r.version == active:
-			held[m]++
-		}
-	}
-	for m, n := range refused {
-		if n > held[m] {
-			return false
-		}
-	}
-	return len(refused) > 0
 }
 
 // dropVersion deletes a pod's rows of version v from a kind's table and

@@ -20,9 +20,8 @@ func TestPlanRoom(t *testing.T) {
 		short          map[netip.Addr]uint32
 		waiting, tried map[netip.Addr]bool
 		alone          bool
-		closable       bool
 		park, unpark   []netip.Addr
-		passed, closed netip.Addr
+		passed         netip.Addr
 	}{
 		{name: "nothing short, nothing waits"},
 		{name: "nothing short: the waiting go", waiting: set(b, c), unpark: []netip.Addr{b, c}},
@@ -30,15 +29,14 @@ func TestPlanRoom(t *testing.T) {
 		{name: "the oldest passed over once: the next", short: map[netip.Addr]uint32{a: 9, b: 4, c: 7}, tried: set(b), park: []netip.Addr{b, a}},
 		{name: "all passed over: the oldest again", short: map[netip.Addr]uint32{a: 9, b: 4}, tried: set(a, b), park: []netip.Addr{a}},
 		{name: "one short, not for long", short: map[netip.Addr]uint32{a: 9}, waiting: set(b)},
-		{name: "one short too long, fits in place: closed through", short: map[netip.Addr]uint32{a: 9}, waiting: set(b), alone: true, closable: true, closed: a},
 		{name: "one short too long, never fits: passed over", short: map[netip.Addr]uint32{a: 9}, waiting: set(c, b), alone: true, passed: a, unpark: []netip.Addr{b, c}},
 		{name: "one short too long, never fits, nothing waits", short: map[netip.Addr]uint32{a: 9}, alone: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			park, unpark, passed, closed := planRoom(tc.short, tc.waiting, tc.tried, tc.alone, tc.closable)
-			if !slices.Equal(park, tc.park) || !slices.Equal(unpark, tc.unpark) || passed != tc.passed || closed != tc.closed {
-				t.Errorf("planRoom = park %v, unpark %v, passed %v, closed %v; want %v, %v, %v, %v",
-					park, unpark, passed, closed, tc.park, tc.unpark, tc.passed, tc.closed)
+			park, unpark, passed := planRoom(tc.short, tc.waiting, tc.tried, tc.alone)
+			if !slices.Equal(park, tc.park) || !slices.Equal(unpark, tc.unpark) || passed != tc.passed {
+				t.Errorf("planRoom = park %v, unpark %v, passed %v; want %v, %v, %v",
+					park, unpark, passed, tc.park, tc.unpark, tc.passed)
 			}
 		})
 	}

@@ -237,7 +237,10 @@ func (v *policyVersions) keep(tier policybpf.PolicyTier, kernel func() map[strin
 				return false
 			}
 			row, _, ok := v.table.Get(txn, PodVersionsIndex.Query(pod))
-			return ok && row.Tiers[tier].Want == version
+			// A version taken back for want of room (room.go) leaves
+			// Want at the version in force, which this run may not have
+			// taken over: not taken over while Waiting.
+			return ok && row.Tiers[tier].Want == version && !row.Tiers[tier].Waiting
 		}
 		open := kernel()
 		lists := map[string]bool{} // chunk list ids of kept values
