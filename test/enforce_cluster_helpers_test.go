@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,4 +247,36 @@ func allowText(allow bool) string {
 		return "ALLOW"
 	}
 	return "DENY"
+}
+
+// probeCounts are what probe loops saw: tries, connections that passed
+// though denied (leaked), and allowed ones that failed.
+type probeCounts struct{ tries, leaked, failed int64 }
+
+// probeLoops runs one loop per probe, each trying its connection again
+// and again, until the returned function stops them and returns what
+// they saw.
+func (n *clusterNode) probeLoops(probes ...cprobe) (stop func() probeCounts) {
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	var leaked, failed, tries atomic.Int64
+	for _, p := range probes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done.Load() {
+				tries.Add(1)
+				if got := n.try(p); got && !p.allow {
+					leaked.Add(1)
+				} else if !got && p.allow {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	return func() probeCounts {
+		done.Store(true)
+		wg.Wait()
+		return probeCounts{tries.Load(), leaked.Load(), failed.Load()}
+	}
 }

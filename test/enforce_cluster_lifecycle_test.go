@@ -3,8 +3,6 @@ package test
 import (
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -64,25 +62,9 @@ func TestPrivilegedClusterRestartNoGap(t *testing.T) {
 	}
 	ns := n.agent.NetNS()
 	for _, how := range []string{"SIGTERM", "kill -9"} {
-		var wg sync.WaitGroup
-		var stop atomic.Bool
-		var leaked, failed, tries atomic.Int64
 		// Four loops on the denied flow (each try of it waits out its
 		// timeout), two on the allowed one.
-		for _, p := range []cprobe{denied, denied, denied, denied, allowed, allowed} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for !stop.Load() {
-					tries.Add(1)
-					if got := n.try(p); got && !p.allow {
-						leaked.Add(1)
-					} else if !got && p.allow {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
+		stop := n.probeLoops(denied, denied, denied, denied, allowed, allowed)
 		time.Sleep(300 * time.Millisecond)
 		if how == "SIGTERM" {
 			if _, err := n.agent.Stop(); err != nil {
@@ -100,14 +82,13 @@ func TestPrivilegedClusterRestartNoGap(t *testing.T) {
 			return len(rows) > 0 && !strings.Contains(fmt.Sprint(rows), "Pending")
 		})
 		time.Sleep(300 * time.Millisecond)
-		stop.Store(true)
-		wg.Wait()
-		t.Logf("%s: %d probes through the restart", how, tries.Load())
-		if k := leaked.Load(); k > 0 {
-			t.Errorf("%s: %d connections the Admin tier denies passed through the restart", how, k)
+		c := stop()
+		t.Logf("%s: %d probes through the restart", how, c.tries)
+		if c.leaked > 0 {
+			t.Errorf("%s: %d connections the Admin tier denies passed through the restart", how, c.leaked)
 		}
-		if k := failed.Load(); k > 0 {
-			t.Errorf("%s: %d connections the Admin tier accepts failed through the restart", how, k)
+		if c.failed > 0 {
+			t.Errorf("%s: %d connections the Admin tier accepts failed through the restart", how, c.failed)
 		}
 		n.expect(t, denied, allowed)
 	}

@@ -3,8 +3,6 @@ package test
 import (
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -43,23 +41,7 @@ func TestPrivilegedPolicyResizeNoGap(t *testing.T) {
 	before := versions()
 	ns := n.agent.NetNS()
 	for _, size := range []int{70000, 40000} {
-		var wg sync.WaitGroup
-		var stop atomic.Bool
-		var leaked, failed, tries atomic.Int64
-		for _, p := range []cprobe{deniedAdmin, deniedAdmin, deniedNP, deniedNP, allowed, allowed} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for !stop.Load() {
-					tries.Add(1)
-					if got := n.try(p); got && !p.allow {
-						leaked.Add(1)
-					} else if !got && p.allow {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
+		stop := n.probeLoops(deniedAdmin, deniedAdmin, deniedNP, deniedNP, allowed, allowed)
 		time.Sleep(300 * time.Millisecond)
 		if _, err := n.agent.Stop(); err != nil {
 			t.Fatal(err)
@@ -75,14 +57,13 @@ func TestPrivilegedPolicyResizeNoGap(t *testing.T) {
 			})
 		}
 		time.Sleep(300 * time.Millisecond)
-		stop.Store(true)
-		wg.Wait()
-		t.Logf("resize to %d: %d probes through the restart", size, tries.Load())
-		if k := leaked.Load(); k > 0 {
-			t.Errorf("resize to %d: %d connections the policy denies passed", size, k)
+		c := stop()
+		t.Logf("resize to %d: %d probes through the restart", size, c.tries)
+		if c.leaked > 0 {
+			t.Errorf("resize to %d: %d connections the policy denies passed", size, c.leaked)
 		}
-		if k := failed.Load(); k > 0 {
-			t.Errorf("resize to %d: %d connections the Admin tier accepts failed", size, k)
+		if c.failed > 0 {
+			t.Errorf("resize to %d: %d connections the Admin tier accepts failed", size, c.failed)
 		}
 		if !strings.Contains(n.agent.Log(), "Resized pinned BPF map") {
 			t.Errorf("resize to %d: the agent does not log the resize", size)

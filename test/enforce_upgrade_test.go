@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -124,23 +123,7 @@ func TestPrivilegedPolicyUpgradeFromBeforeVersions(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	var wg sync.WaitGroup
-	var stop atomic.Bool
-	var leaked, failed, tries atomic.Int64
-	for _, p := range []cprobe{deniedAdmin, deniedAdmin, deniedNP, deniedNP, allowed, allowed} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				tries.Add(1)
-				if got := n.try(p); got && !p.allow {
-					leaked.Add(1)
-				} else if !got && p.allow {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
+	stop := n.probeLoops(deniedAdmin, deniedAdmin, deniedNP, deniedNP, allowed, allowed)
 	time.Sleep(300 * time.Millisecond)
 	ns := a.NetNS()
 	if _, err := a.Stop(); err != nil {
@@ -157,14 +140,13 @@ func TestPrivilegedPolicyUpgradeFromBeforeVersions(t *testing.T) {
 		})
 	}
 	time.Sleep(300 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
-	t.Logf("%d probes through the upgrade", tries.Load())
-	if k := leaked.Load(); k > 0 {
-		t.Errorf("%d connections the policy denies passed through the upgrade", k)
+	c := stop()
+	t.Logf("%d probes through the upgrade", c.tries)
+	if c.leaked > 0 {
+		t.Errorf("%d connections the policy denies passed through the upgrade", c.leaked)
 	}
-	if k := failed.Load(); k > 0 {
-		t.Errorf("%d connections the Admin tier accepts failed through the upgrade", k)
+	if c.failed > 0 {
+		t.Errorf("%d connections the Admin tier accepts failed through the upgrade", c.failed)
 	}
 	if !strings.Contains(a.Log(), "Migrated the policy maps of the release before versions") {
 		t.Errorf("the agent does not log the migration")

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,28 +49,6 @@ func pressurePolicy(t *testing.T, step, extra int) []*endpoints.PolicyEndpoint {
 			"  podSelectorEndpoints: [{hostIP: 10.0.1.1, podIP: 10.200.0.%d}]\n  egress:\n%s", i+2, egress.String())))
 	}
 	return mustParse(t, pes...)
-}
-
-// waitKernel waits until the kernel maps hold exactly want (their keys at
-// any version).
-func (h *policyHarness) waitKernel(want []*PolicyMapEntry) {
-	h.tb.Helper()
-	var wantKernel []string
-	for _, e := range want {
-		wantKernel = append(wantKernel, fmt.Sprintf("%s %x %x", e.Map(), bpf.PolicyKeyVersionless(e.MapKey()), e.MapValue()))
-	}
-	slices.Sort(wantKernel)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := h.kernelEntries()
-		if slices.Equal(got, wantKernel) {
-			return
-		}
-		if time.Now().After(deadline) {
-			h.tb.Fatalf("kernel maps hold\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantKernel, "\n"))
-		}
-		time.Sleep(5 * time.Millisecond) // maps have no change notification
-	}
 }
 
 func pressurePods(pes []*endpoints.PolicyEndpoint) []*PolicyMapEntry {
