@@ -37,6 +37,15 @@ func (d *deriver[T, K]) work(ctx context.Context, wtxn statedb.WriteTxn, onlyFre
 		if !ok {
 			break
 		}
+		if w != nil && !w.edit && len(w.fresh) > 0 {
+			if tv, _ := tierOf(wtxn, d.versions, pod, k.tier()); tv.Want != w.fresh[0].Version {
+				// A version written in parts, taken back for want of
+				// room meanwhile (room.go): the rest is not written (its
+				// rows would take the room it gave back); released, the
+				// pod is compiled again.
+				w.fresh, w.stamped = nil, nil
+			}
+		}
 		if w == nil && d.cleanOnly[pod] {
 			delete(d.cleanOnly, pod)
 			tv, done := tierOf(wtxn, d.versions, pod, k.tier())
