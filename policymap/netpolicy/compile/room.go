@@ -187,9 +187,10 @@ func (s *versionSwitch) balance(now time.Time) (again time.Time) {
 	wtxn := s.db.WriteTxn(s.versions, s.policy, s.cluster)
 	var released [len(tiers)][]netip.Addr
 	for i, tier := range tiers {
+		// The one kept: short of room, not taken back.
 		var oldest netip.Addr
-		for pod, v := range r.short[i] {
-			if !oldest.IsValid() || v < r.short[i][oldest] {
+		for pod := range r.short[i] {
+			if !slices.Contains(plans[i].park, pod) {
 				oldest = pod
 			}
 		}
