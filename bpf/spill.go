@@ -64,21 +64,16 @@ func (o *Ops[E]) forgetSpills() {
 // writeSpill writes the spill entries of e (if it is a Spiller) that were
 // not written since the last prune.
 func (o *Ops[E]) writeSpill(e E) error {
-	s, ok := any(e).(Spiller)
-	if !ok {
-		return nil
-	}
-	entries := s.Spill()
+	name, entries := spillsOf(e)
 	if len(entries) == 0 {
 		return nil
 	}
-	name := s.SpillMap()
 	m, err := o.mapFor(name)
 	if err != nil {
 		return fmt.Errorf("spill of %s key %s: %w", e.MapName(), describeKey(e.MapKey()), err)
 	}
 	for _, se := range entries {
-		id := name + "\x00" + string(se.Key)
+		id := spillID(name, se.Key)
 		o.spill.mu.Lock()
 		_, done := o.spill.written[id]
 		o.spill.mu.Unlock()
@@ -118,6 +113,19 @@ func (o *Ops[E]) writeSpills(batch []reconciler.BatchEntry[E]) []bool {
 	}
 	return failed
 }
+
+// spillsOf is an entry's spill map and spill entries (none if it is no
+// Spiller).
+func spillsOf(e Entry) (string, []SpillEntry) {
+	s, ok := any(e).(Spiller)
+	if !ok {
+		return "", nil
+	}
+	return s.SpillMap(), s.Spill()
+}
+
+// spillID names a spill entry in the spill state: its map and key.
+func spillID(name string, key []byte) string { return name + "\x00" + string(key) }
 
 // SpillEntry is a key and value of another map that a map entry's value
 // refers to (a chunk).

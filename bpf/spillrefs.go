@@ -35,18 +35,13 @@ type spillRefs struct {
 }
 
 func spillIDs(e Entry) []string {
-	s, ok := any(e).(Spiller)
-	if !ok {
-		return nil
-	}
-	entries := s.Spill()
+	name, entries := spillsOf(e)
 	if len(entries) == 0 {
 		return nil
 	}
-	name := s.SpillMap()
 	ids := make([]string, len(entries))
 	for i, se := range entries {
-		ids[i] = name + "\x00" + string(se.Key)
+		ids[i] = spillID(name, se.Key)
 	}
 	return ids
 }
